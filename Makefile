@@ -1,0 +1,69 @@
+# Attention from Scratch: the two commands a reader needs are `make book`
+# and `make test`; everything else here serves them.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
+# one notebook only: make outputs NB=book/01_general_attention.ipynb
+NB ?= $(NOTEBOOKS)
+
+PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=900 \
+                --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: help venv book html test test-notebooks test-code build-check \
+        outputs clean distclean
+
+help:
+	@echo "make book     create .venv, install, execute every notebook, build the HTML"
+	@echo "make test     the whole suite: nbval (strict), tests/, warnings-as-errors build"
+	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
+	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
+
+# The virtual environment, rebuilt when requirements.txt changes.
+$(STAMP): requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install -r requirements.txt
+	@touch $@
+
+venv: $(STAMP)
+
+# Build the site. Notebooks are executed by Jupyter Book (execute_notebooks:
+# cache in _config.yml), so the pages show outputs computed on this machine.
+html: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo
+	@echo "The book is at: $(CURDIR)/_build/html/index.html"
+
+book: html
+
+# nbval in strict mode: every stored text output must be reproduced exactly.
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) $(NOTEBOOKS)
+
+# Unit, property and equivalence tests of the chapters' own code.
+test-code: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+# The build with Sphinx warnings as errors (a broken reference or a failing
+# notebook fails it).
+build-check: html
+
+test: $(STAMP)
+	$(MAKE) test-notebooks
+	$(MAKE) test-code
+	$(MAKE) build-check
+
+# Re-execute notebooks top to bottom in a fresh kernel and store the outputs
+# (no timestamps: a second run gives no diff).
+outputs: $(STAMP)
+	$(BIN)/python tools/refresh_outputs.py $(NB)
+
+clean:
+	rm -rf _build .pytest_cache .hypothesis tests/__pycache__ book/__pycache__ \
+	       tools/__pycache__ _ext/__pycache__ book/.ipynb_checkpoints
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,33 @@
+"""Shared test helpers: load a chapter's own definitions from its notebook."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from importnb import Notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+
+# Chapters import shared helpers (book/plots.py) the way a reader's kernel
+# does, from the notebook's own folder.
+if str(BOOK) not in sys.path:
+    sys.path.insert(0, str(BOOK))
+
+
+def load_chapter(filename):
+    """Import the functions, classes and imports of a chapter notebook.
+
+    Only definitions are executed (importnb's include_non_defs=False,
+                              include_markdown_docstring=False), so the
+    tests exercise exactly the code the chapter prints, without re-running
+    the chapter's demonstrations.
+    """
+    return Notebook.load_file(str(BOOK / filename), main=False,
+                              include_non_defs=False,
+                              include_markdown_docstring=False)
+
+
+@pytest.fixture(scope="session")
+def ch01():
+    return load_chapter("01_general_attention.ipynb")

@@ -1,0 +1,52 @@
+"""Re-execute notebooks top to bottom in a fresh kernel and store their outputs.
+
+This is the only way the book's stored outputs are written (``make outputs``).
+It records no timings and normalises the metadata, so running it twice on
+unchanged notebooks leaves no diff.
+
+Usage: python tools/refresh_outputs.py book/01_general_attention.ipynb [...]
+"""
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python",
+              "name": "python3"}
+
+
+def refresh(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=1800,
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    )
+    client.execute()
+    nb.metadata["kernelspec"] = KERNELSPEC
+    nb.metadata.pop("widgets", None)
+    nb.metadata.pop("jupytext", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("ExecuteTime", None)
+    nbformat.validate(nb)
+    nbformat.write(nb, path)
+
+
+def main(paths):
+    if not paths:
+        sys.exit("usage: refresh_outputs.py NOTEBOOK.ipynb [...]")
+    for name in paths:
+        path = Path(name)
+        if path.suffix != ".ipynb" or not path.is_file():
+            sys.exit(f"not a notebook: {name}")
+        print(f"executing {path} ...", flush=True)
+        refresh(path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
