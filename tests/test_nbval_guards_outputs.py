@@ -25,6 +25,15 @@ def test_changed_stored_number_fails_nbval(tmp_path):
     # the notebook imports book/plots.py from its own folder
     shutil.copy(BOOK / "plots.py", tmp_path / "plots.py")
     nb = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))
+
+    # the untouched copy passes, so a failure below is caused by the change
+    untouched = tmp_path / "untouched" / NOTEBOOK
+    untouched.parent.mkdir()
+    shutil.copy(BOOK / "plots.py", untouched.parent / "plots.py")
+    untouched.write_text(json.dumps(nb), encoding="utf-8")
+    result = run_nbval(untouched)
+    assert result.returncode == 0, result.stdout[-2000:]
+
     changed = 0
     for cell in nb["cells"]:
         for out in cell.get("outputs", []):
