@@ -12,7 +12,7 @@ NB ?= $(NOTEBOOKS)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=900 \
                 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help venv book html test test-notebooks test-code build-check \
+.PHONY: help venv book html test test-notebooks test-code \
         outputs clean distclean
 
 help:
@@ -24,7 +24,6 @@ help:
 # The virtual environment, rebuilt when requirements.txt changes.
 $(STAMP): requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade --quiet pip
 	$(BIN)/python -m pip install -r requirements.txt
 	@touch $@
 
@@ -39,22 +38,19 @@ html: $(STAMP)
 
 book: html
 
-# nbval in strict mode: every stored text output must be reproduced exactly.
+# The whole suite in one pytest run, so that it ends on one summary line:
+# - nbval in strict mode: every stored text output of every notebook must be
+#   reproduced exactly by a fresh kernel;
+# - tests/: unit, property and equivalence tests of the chapters' own code;
+# - tests/test_book_build.py: the site builds with Sphinx warnings as errors.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) $(NOTEBOOKS) tests
+
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) $(NOTEBOOKS)
 
-# Unit, property and equivalence tests of the chapters' own code.
 test-code: $(STAMP)
 	$(BIN)/python -m pytest tests
-
-# The build with Sphinx warnings as errors (a broken reference or a failing
-# notebook fails it).
-build-check: html
-
-test: $(STAMP)
-	$(MAKE) test-notebooks
-	$(MAKE) test-code
-	$(MAKE) build-check
 
 # Re-execute notebooks top to bottom in a fresh kernel and store the outputs
 # (no timestamps: a second run gives no diff).

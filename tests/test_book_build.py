@@ -1,0 +1,55 @@
+"""The book builds with Sphinx warnings as errors, and the pages hold what the
+chapters promise (numbered equations, figures, offline MathJax)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+HTML = ROOT / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def build():
+    """Build the site as `make book` does: execute notebooks, -W -n --keep-going."""
+    jb = Path(sys.executable).parent / "jupyter-book"
+    result = subprocess.run(
+        [str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"],
+        cwd=ROOT, capture_output=True, text=True, timeout=3600,
+    )
+    return result
+
+
+def test_build_has_no_warnings(build):
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log[-5000:]
+    assert "build succeeded" in log
+    assert not re.search(r"WARNING|ERROR", re.sub(r"\[IPKernelApp\] WARNING[^\n]*", "", log)), log[-5000:]
+    assert (HTML / "index.html").is_file()
+
+
+def test_mathjax_is_shipped_with_the_site(build):
+    assert (HTML / "_static" / "mathjax" / "tex-svg-full.js").is_file()
+    page = (HTML / "book" / "01_general_attention.html").read_text(encoding="utf-8")
+    assert 'src="../_static/mathjax/tex-svg-full.js"' in page
+    assert "cdn.jsdelivr.net/npm/mathjax" not in page
+
+
+def test_chapter_1_page_has_numbered_equations_and_the_heatmap(build):
+    page = (HTML / "book" / "01_general_attention.html").read_text(encoding="utf-8")
+    # numbered display equations, e.g. <span class="eqno">(1.3)
+    numbers = re.findall(r'class="eqno">\(([\d.]+)\)', page)
+    assert len(numbers) >= 8, numbers
+    # references to equations resolved to links
+    assert 'href="#equation-ch1-weights"' in page
+    # the heatmap and its source notebook download
+    images = re.findall(r'<img[^>]+src="([^"]+\.png)"', page)
+    assert images, "no figure on chapter 1's page"
+    for src in images:
+        assert (HTML / "book" / src).resolve().is_file(), src
+    # the bibliography resolved the citations
+    assert "Bahdanau" in page and "Vaswani" in page
