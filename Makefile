@@ -13,12 +13,13 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=900 \
                 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: help venv book html test test-notebooks test-code \
-        outputs clean distclean
+        outputs screenshots clean distclean
 
 help:
 	@echo "make book     create .venv, install, execute every notebook, build the HTML"
 	@echo "make test     the whole suite: nbval (strict), tests/, warnings-as-errors build"
 	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
+	@echo "make screenshots  a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
 
 # The virtual environment, rebuilt when requirements.txt changes.
@@ -56,6 +57,10 @@ test-code: $(STAMP)
 # (no timestamps: a second run gives no diff).
 outputs: $(STAMP)
 	$(BIN)/python tools/refresh_outputs.py $(NB)
+
+# Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
+screenshots: html
+	$(BIN)/python tools/screenshots.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis tests/__pycache__ book/__pycache__ \

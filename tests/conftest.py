@@ -1,5 +1,6 @@
 """Shared test helpers: load a chapter's own definitions from its notebook."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,3 +32,14 @@ def load_chapter(filename):
 @pytest.fixture(scope="session")
 def ch01():
     return load_chapter("01_general_attention.ipynb")
+
+
+@pytest.fixture(scope="session")
+def built_site():
+    """Build the site once per test session, as `make book` does."""
+    jb = Path(sys.executable).parent / "jupyter-book"
+    result = subprocess.run(
+        [str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"],
+        cwd=ROOT, capture_output=True, text=True, timeout=3600,
+    )
+    return result

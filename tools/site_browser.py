@@ -1,0 +1,89 @@
+"""Open the built site in a real browser: Debian's Chromium driven by Playwright.
+
+Used by tests/test_browser.py (`make test`) and tools/screenshots.py
+(`make screenshots`). No browser is downloaded: Playwright is pointed at the
+binary of Debian's `chromium` package, and every request that would leave the
+machine is blocked and recorded.
+"""
+
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+
+# The `chromium` on PATH is a wrapper script; Playwright needs the binary.
+CANDIDATES = ["/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium-browser"]
+NO_BROWSER = (
+    "No Chromium binary found (looked for {}). Install Debian's browser with "
+    "`apt-get install chromium` (.ci/run does this) and run again."
+)
+
+
+def chromium_binary():
+    """Path of the real Chromium binary, or None."""
+    for path in CANDIDATES:
+        if Path(path).is_file():
+            return path
+    found = shutil.which("chromium")
+    return found if found and Path(found).read_bytes()[:2] == b"\x7fE" else None
+
+
+def site_pages():
+    """Every content page of the built site (chapters, intro, bibliography)."""
+    return sorted((HTML / "book").glob("*.html"))
+
+
+@contextmanager
+def browser():
+    """A headless Chromium, with no network and no background connections."""
+    from playwright.sync_api import sync_playwright
+
+    binary = chromium_binary()
+    if binary is None:
+        raise RuntimeError(NO_BROWSER.format(", ".join(CANDIDATES)))
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(
+            executable_path=binary,
+            headless=True,
+            args=["--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync",
+                  "--no-first-run", "--disable-quic",
+                  "--allow-file-access-from-files"],
+        )
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_page(b, path, dark=False, width=1280, height=900):
+    """Open one built page; return (page, report) where report collects the
+    console errors and the requests that tried to leave the machine."""
+    context = b.new_context(viewport={"width": width, "height": height},
+                            color_scheme="dark" if dark else "light")
+    page = context.new_page()
+    report = {"console_errors": [], "external_requests": [], "page_errors": []}
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(("file://", "data:", "blob:", "about:")):
+            r.continue_()
+        else:
+            report["external_requests"].append(url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("console", lambda m: m.type == "error" and report["console_errors"].append(m.text))
+    page.on("pageerror", lambda e: report["page_errors"].append(str(e)))
+    page.goto(Path(path).resolve().as_uri(), wait_until="load")
+    # MathJax typesets asynchronously: wait for it when the page has math
+    page.wait_for_function(
+        "() => !document.querySelector('.math') || "
+        "(window.MathJax && MathJax.startup && MathJax.startup.promise && "
+        " document.querySelectorAll('mjx-container').length > 0)",
+        timeout=30000,
+    )
+    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+    return page, report
