@@ -17,6 +17,23 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python",
               "name": "python3"}
 
 
+def merge_streams(outputs):
+    """Join consecutive stream outputs of the same name into one.
+
+    The kernel may flush one print() in two messages when the machine is busy;
+    merged, the stored text does not depend on that timing.
+    """
+    merged = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged
+                and merged[-1].get("output_type") == "stream"
+                and merged[-1]["name"] == out["name"]):
+            merged[-1]["text"] += out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
 def refresh(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -31,6 +48,8 @@ def refresh(path: Path) -> None:
     nb.metadata.pop("widgets", None)
     nb.metadata.pop("jupytext", None)
     for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
         cell.metadata.pop("execution", None)
         cell.metadata.pop("ExecuteTime", None)
     nbformat.validate(nb)
