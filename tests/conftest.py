@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,18 @@ if str(BOOK) not in sys.path:
     sys.path.insert(0, str(BOOK))
 
 
+class ChapterLoader(Notebook):
+    """importnb's notebook loader, with markdown cells turned into comments.
+
+    importnb normally keeps markdown as string literals; TeX in the prose
+    (`\\underbrace`, `\\frac`) is then read as Python escapes and can even
+    stop the import. As comments the prose cannot affect the code.
+    """
+
+    def markdown(self, text):
+        return textwrap.indent(text, "# ")
+
+
 def load_chapter(filename):
     """Import the functions, classes and imports of a chapter notebook.
 
@@ -24,7 +37,7 @@ def load_chapter(filename):
     tests exercise exactly the code the chapter prints, without re-running
     the chapter's demonstrations.
     """
-    return Notebook.load_file(str(BOOK / filename), main=False,
+    return ChapterLoader.load_file(str(BOOK / filename), main=False,
                               include_non_defs=False,
                               include_markdown_docstring=False)
 

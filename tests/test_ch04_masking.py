@@ -1,0 +1,141 @@
+"""Chapter 4: masks and masked attention, the functions defined in the notebook."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import load_chapter
+from torch.testing import assert_close
+
+
+@pytest.fixture(scope="module")
+def ch04():
+    return load_chapter("04_masking.ipynb")
+
+
+def randn(generator, *shape):
+    return torch.randn(*shape, generator=generator)
+
+
+def test_source_masked_weights(ch04):
+    torch.manual_seed(89)
+    x = torch.randn((1, 3, 5))
+    layers = [nn.Linear(5, 16, bias=False) for _ in range(3)]  # query, key, value
+    with torch.no_grad():
+        Q, K, V = (layer(x) for layer in layers)
+    _, w = ch04.masked_attention(Q, K, V, mask=ch04.causal_mask(3))
+    assert_close(w, torch.tensor([[[1.0000, 0.0, 0.0],
+                                   [0.3979, 0.6021, 0.0],
+                                   [0.3729, 0.2933, 0.3338]]]), rtol=0, atol=5e-5)
+
+
+def test_mask_builders(ch04):
+    assert torch.equal(ch04.causal_mask(4), torch.tril(torch.ones(4, 4)).bool())
+    assert torch.equal(ch04.causal_mask(2, 3),
+                       torch.tensor([[True, False, False], [True, True, False]]))
+    assert torch.equal(ch04.padding_mask([2, 0, 3], 3),
+                       torch.tensor([[True, True, False], [False, False, False],
+                                     [True, True, True]]))
+    add = ch04.to_additive(torch.tensor([True, False]))
+    assert add[0] == 0 and torch.isneginf(add[1])
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("kind", ["none", "bool", "causal"])
+def test_equals_torch_sdpa(ch04, seed, kind):
+    g = torch.Generator().manual_seed(seed)
+    batch = tuple(int(n) for n in torch.randint(1, 4, (seed % 3,), generator=g))
+    L, S, d_k, d_v = (int(n) for n in torch.randint(1, 9, (4,), generator=g))
+    q, k = randn(g, *batch, L, d_k), randn(g, *batch, S, d_k)
+    v = randn(g, *batch, S, d_v)
+    if kind == "causal":
+        ours, _ = ch04.masked_attention(q, k, v, mask=ch04.causal_mask(L, S))
+        theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        # random boolean masks, fully masked rows included (PyTorch gives 0 there)
+        mask = None if kind == "none" else torch.rand(L, S, generator=g) > 0.5
+        ours, _ = ch04.masked_attention(q, k, v, mask=mask)
+        theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_causal_outputs_ignore_the_future(ch04, seed):
+    g = torch.Generator().manual_seed(seed)
+    T, t = 8, seed % 7
+    q, k, v = randn(g, 2, 3, T, 4), randn(g, 2, 3, T, 4), randn(g, 2, 3, T, 6)
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    for tensor in (q2, k2, v2):
+        tensor[..., t + 1:, :] = 10 * torch.randn(tensor[..., t + 1:, :].shape,
+                                                  generator=g)
+    out, _ = ch04.masked_attention(q, k, v, mask=ch04.causal_mask(T))
+    out2, _ = ch04.masked_attention(q2, k2, v2, mask=ch04.causal_mask(T))
+    assert_close(out2[..., :t + 1, :], out[..., :t + 1, :], rtol=0, atol=1e-6)
+    assert not torch.allclose(out2[..., t + 1:, :], out[..., t + 1:, :])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_appending_padding_leaves_real_outputs_unchanged(ch04, seed, causal):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [int(n) for n in torch.randint(1, 7, (3,), generator=g)]
+    S = max(lengths) + 2                          # at least two padded positions
+    d, d_v = 4, 5
+    seqs = [(randn(g, n, d), randn(g, n, d), randn(g, n, d_v)) for n in lengths]
+    padded = [100 * randn(g, 3, S, d), 100 * randn(g, 3, S, d),
+              100 * randn(g, 3, S, d_v)]               # garbage padding
+    for b, seq in enumerate(seqs):
+        for full, part in zip(padded, seq):
+            full[b, :len(part)] = part
+    mask = ch04.padding_mask(lengths, S)[:, None, :]           # (B, 1, S)
+    if causal:
+        mask = mask & ch04.causal_mask(S)
+    out, w = ch04.masked_attention(*padded, mask=mask)
+    for b, (q, k, v) in enumerate(seqs):
+        n = len(q)
+        alone, _ = ch04.masked_attention(
+            q, k, v, mask=ch04.causal_mask(n) if causal else None)
+        assert_close(out[b, :n], alone, rtol=0, atol=1e-6)
+        assert (w[b, :, n:] == 0).all()
+
+
+def test_fully_masked_rows_are_zero_not_nan(ch04):
+    g = torch.Generator().manual_seed(0)
+    q = randn(g, 2, 4, 3).requires_grad_()
+    k = randn(g, 2, 5, 3).requires_grad_()
+    v = randn(g, 2, 5, 6).requires_grad_()
+    mask = torch.rand(2, 4, 5, generator=g) > 0.5
+    mask[0, 1] = False                             # a fully masked row
+    mask[1, 3] = False
+    mask[0, 0] = True
+    out, w = ch04.masked_attention(q, k, v, mask=mask)
+    assert not torch.isnan(out).any() and not torch.isnan(w).any()
+    assert (out[0, 1] == 0).all() and (w[0, 1] == 0).all()
+    assert (out[1, 3] == 0).all() and (w[1, 3] == 0).all()
+    assert_close(w[0, 0].sum(), torch.tensor(1.0), rtol=0, atol=1e-6)
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("mask_shape", [(4, 4), (3, 4), (2, 1, 3, 5), (4,), (3, 3, 5)])
+def test_mismatched_mask_shape_raises(ch04, mask_shape):
+    q, k, v = torch.ones(2, 3, 4), torch.ones(2, 5, 4), torch.ones(2, 5, 6)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        ch04.masked_attention(q, k, v, mask=torch.ones(mask_shape, dtype=torch.bool))
+
+
+def test_other_bad_inputs_raise(ch04):
+    q, k, v = torch.ones(3, 4), torch.ones(5, 4), torch.ones(5, 6)
+    with pytest.raises(ValueError, match="must be boolean"):
+        ch04.masked_attention(q, k, v, mask=torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        ch04.masked_attention(q, torch.ones(5, 2), v)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        ch04.masked_attention(q, k, torch.ones(4, 6))
+    with pytest.raises(ValueError, match="lengths must be"):
+        ch04.padding_mask([2, 7], 5)
+    with pytest.raises(ValueError, match="positive sizes"):
+        ch04.causal_mask(0)
+    with pytest.raises(ValueError, match="boolean mask"):
+        ch04.to_additive(torch.zeros(2))
