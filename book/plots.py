@@ -9,8 +9,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 
-def plot_attention(weights, query_labels, key_labels, ax=None, title=None,
-                   annotate=True, colorbar=True):
+def plot_attention(
+    weights, query_labels, key_labels, ax=None, title=None, annotate=True, colorbar=True
+):
     """Draw a matrix of attention weights as a labelled heatmap."""
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
@@ -36,11 +37,19 @@ def plot_attention(weights, query_labels, key_labels, ax=None, title=None,
         for i in range(n_q):
             for j in range(n_k):
                 value = weights[i, j]
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center",
-                        color="black" if value > 0.6 else "white", fontsize=9)
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    color="black" if value > 0.6 else "white",
+                    fontsize=9,
+                )
     if title:
         ax.set_title(title, pad=12)
     if colorbar:
-        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04,
-                           label="attention weight")
+        ax.figure.colorbar(
+            image, ax=ax, fraction=0.046, pad=0.04, label="attention weight"
+        )
     return ax

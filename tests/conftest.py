@@ -37,9 +37,12 @@ def load_chapter(filename):
     tests exercise exactly the code the chapter prints, without re-running
     the chapter's demonstrations.
     """
-    return ChapterLoader.load_file(str(BOOK / filename), main=False,
-                              include_non_defs=False,
-                              include_markdown_docstring=False)
+    return ChapterLoader.load_file(
+        str(BOOK / filename),
+        main=False,
+        include_non_defs=False,
+        include_markdown_docstring=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +56,9 @@ def built_site():
     jb = Path(sys.executable).parent / "jupyter-book"
     result = subprocess.run(
         [str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"],
-        cwd=ROOT, capture_output=True, text=True, timeout=3600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     return result

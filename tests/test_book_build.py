@@ -4,7 +4,6 @@ chapters promise (numbered equations, figures, offline MathJax)."""
 import re
 
 import pytest
-
 from conftest import ROOT
 
 HTML = ROOT / "_build" / "html"
@@ -19,7 +18,9 @@ def test_build_has_no_warnings(build):
     log = build.stdout + build.stderr
     assert build.returncode == 0, log[-5000:]
     assert "build succeeded" in log
-    assert not re.search(r"WARNING|ERROR", re.sub(r"\[IPKernelApp\] WARNING[^\n]*", "", log)), log[-5000:]
+    assert not re.search(
+        r"WARNING|ERROR", re.sub(r"\[IPKernelApp\] WARNING[^\n]*", "", log)
+    ), log[-5000:]
     assert (HTML / "index.html").is_file()
 
 

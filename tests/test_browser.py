@@ -7,11 +7,10 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
-import site_browser  # noqa: E402
+import site_browser
 
 
 def toc_pages():
@@ -48,9 +47,10 @@ def test_page_renders_offline(chromium, doc, dark):
         assert theme == ("dark" if dark else "light")
 
         # math: every math element typeset by MathJax, no TeX error, no raw TeX
-        math = page.evaluate("""() => Array.from(document.querySelectorAll(
-            'div.math, span.math')).map(e => [e.querySelectorAll('mjx-container').length,
-            e.querySelectorAll('mjx-merror, [data-mjx-error]').length])""")
+        math = page.evaluate("""() => Array.from(
+            document.querySelectorAll('div.math, span.math')).map(e => [
+                e.querySelectorAll('mjx-container').length,
+                e.querySelectorAll('mjx-merror, [data-mjx-error]').length])""")
         assert all(n > 0 for n, _ in math), "math left untypeset"
         assert all(err == 0 for _, err in math), "MathJax reported a TeX error"
         text = page.inner_text("main")
@@ -101,6 +101,11 @@ def test_figures_are_opaque_for_dark_mode(built_site):
     for png in figures:
         with Image.open(png) as im:
             rgba = im.convert("RGBA")
-            corners = [rgba.getpixel((x, y)) for x in (0, rgba.width - 1)
-                       for y in (0, rgba.height - 1)]
-        assert all(c[3] == 255 for c in corners), f"{png.name} has a transparent background"
+            corners = [
+                rgba.getpixel((x, y))
+                for x in (0, rgba.width - 1)
+                for y in (0, rgba.height - 1)
+            ]
+        assert all(c[3] == 255 for c in corners), (
+            f"{png.name} has a transparent background"
+        )

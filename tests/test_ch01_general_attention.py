@@ -8,16 +8,21 @@ from hypothesis.extra.numpy import arrays
 from numpy.testing import assert_allclose
 from scipy.special import softmax as scipy_softmax
 
-finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False,
-                   allow_infinity=False, width=64)
-score_matrices = arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 8)),
-                        elements=finite)
+finite = st.floats(
+    min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False, width=64
+)
+score_matrices = arrays(
+    np.float64, st.tuples(st.integers(1, 6), st.integers(1, 8)), elements=finite
+)
 
 
 def qkv(seed, n_q=5, n_k=7, d_k=4, d_v=3):
     rng = np.random.default_rng(seed)
-    return (rng.normal(size=(n_q, d_k)), rng.normal(size=(n_k, d_k)),
-            rng.normal(size=(n_k, d_v)))
+    return (
+        rng.normal(size=(n_q, d_k)),
+        rng.normal(size=(n_k, d_k)),
+        rng.normal(size=(n_k, d_v)),
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -37,15 +42,17 @@ def test_softmax_extreme_scores(ch01):
 @settings(max_examples=200, deadline=None)
 @given(score_matrices, st.floats(-1e4, 1e4))
 def test_softmax_ignores_a_constant_added_to_a_row(ch01, z, c):
-    assert_allclose(ch01.softmax(z + c, axis=1), ch01.softmax(z, axis=1),
-                    rtol=0, atol=1e-9)
+    assert_allclose(
+        ch01.softmax(z + c, axis=1), ch01.softmax(z, axis=1), rtol=0, atol=1e-9
+    )
 
 
 @settings(max_examples=100, deadline=None)
 @given(score_matrices)
 def test_softmax_equals_scipy(ch01, z):
-    assert_allclose(ch01.softmax(z, axis=1), scipy_softmax(z, axis=1),
-                    rtol=0, atol=1e-14)
+    assert_allclose(
+        ch01.softmax(z, axis=1), scipy_softmax(z, axis=1), rtol=0, atol=1e-14
+    )
 
 
 def test_softmax_axis(ch01):
@@ -58,12 +65,15 @@ def test_softmax_allows_minus_inf_entries(ch01):
     assert_allclose(ch01.softmax([0.0, -np.inf, 0.0]), [0.5, 0.0, 0.5])
 
 
-@pytest.mark.parametrize("z, message", [
-    ([], "empty"),
-    ([1.0, np.nan], "NaN"),
-    ([1.0, np.inf], r"\+inf"),
-    ([-np.inf, -np.inf], "entirely -inf"),
-])
+@pytest.mark.parametrize(
+    "z, message",
+    [
+        ([], "empty"),
+        ([1.0, np.nan], "NaN"),
+        ([1.0, np.inf], r"\+inf"),
+        ([-np.inf, -np.inf], "entirely -inf"),
+    ],
+)
 def test_softmax_rejects_undefined_input(ch01, z, message):
     with pytest.raises(ValueError, match=message):
         ch01.softmax(np.array(z, dtype=float))
@@ -93,22 +103,36 @@ def test_the_source_numbers(ch01):
     W_Q, W_K, W_V = (np.random.randint(3, size=(3, 3)) for _ in range(3))
     X = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1]])
     out, w = ch01.attention_matrix(X @ W_Q, X @ W_K, X @ W_V)
-    assert_allclose(out, [[0.98522025, 1.74174051, 0.75652026],
-                          [0.90965265, 1.40965265, 0.5],
-                          [0.99851226, 1.75849334, 0.75998108],
-                          [0.99560386, 1.90407309, 0.90846923]], rtol=0, atol=1e-8)
-    assert_allclose(w[0], [0.23608986, 0.00738988, 0.74913039, 0.00738988],
-                    rtol=0, atol=1e-8)
+    assert_allclose(
+        out,
+        [
+            [0.98522025, 1.74174051, 0.75652026],
+            [0.90965265, 1.40965265, 0.5],
+            [0.99851226, 1.75849334, 0.75998108],
+            [0.99560386, 1.90407309, 0.90846923],
+        ],
+        rtol=0,
+        atol=1e-8,
+    )
+    assert_allclose(
+        w[0], [0.23608986, 0.00738988, 0.74913039, 0.00738988], rtol=0, atol=1e-8
+    )
 
 
 @pytest.mark.parametrize("fn", ["attention_matrix", "attention_loop"])
-@pytest.mark.parametrize("shapes, message", [
-    (((4, 3), (4, 2), (4, 3)), "same size d_k: Q has 3 columns, K has 2"),
-    (((4, 3), (4, 3), (5, 3)), "K has 4 rows, V has 5"),
-    (((3,), (4, 3), (4, 3)), r"Q must be a 2-D matrix .* got shape \(3,\)"),
-    (((4, 3), (2, 4, 3), (4, 3)), r"K must be a 2-D matrix .* got shape \(2, 4, 3\)"),
-    (((4, 3), (0, 3), (0, 3)), "at least one key"),
-])
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((4, 3), (4, 2), (4, 3)), "same size d_k: Q has 3 columns, K has 2"),
+        (((4, 3), (4, 3), (5, 3)), "K has 4 rows, V has 5"),
+        (((3,), (4, 3), (4, 3)), r"Q must be a 2-D matrix .* got shape \(3,\)"),
+        (
+            ((4, 3), (2, 4, 3), (4, 3)),
+            r"K must be a 2-D matrix .* got shape \(2, 4, 3\)",
+        ),
+        (((4, 3), (0, 3), (0, 3)), "at least one key"),
+    ],
+)
 def test_bad_shapes_raise_value_error(ch01, fn, shapes, message):
     Q, K, V = (np.ones(s) for s in shapes)
     with pytest.raises(ValueError, match=message):

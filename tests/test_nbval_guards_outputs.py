@@ -13,11 +13,23 @@ STORED = "0.98522025 1.74174051 0.75652026"
 
 def run_nbval(path):
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-         "--nbval", "--nbval-current-env",
-         "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),
-         str(path)],
-        cwd=path.parent, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--nbval",
+            "--nbval-current-env",
+            "--nbval-sanitize-with",
+            str(ROOT / "tests" / "nbval_sanitize.cfg"),
+            str(path),
+        ],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

@@ -13,8 +13,11 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python",
-              "name": "python3"}
+KERNELSPEC = {
+    "display_name": "Python 3 (ipykernel)",
+    "language": "python",
+    "name": "python3",
+}
 
 
 def merge_streams(outputs):
@@ -25,9 +28,12 @@ def merge_streams(outputs):
     """
     merged = []
     for out in outputs:
-        if (out.get("output_type") == "stream" and merged
-                and merged[-1].get("output_type") == "stream"
-                and merged[-1]["name"] == out["name"]):
+        if (
+            out.get("output_type") == "stream"
+            and merged
+            and merged[-1].get("output_type") == "stream"
+            and merged[-1]["name"] == out["name"]
+        ):
             merged[-1]["text"] += out["text"]
         else:
             merged.append(out)

@@ -18,8 +18,10 @@ def main():
                 page.screenshot(path=str(target), full_page=True)
                 page.context.close()
                 problems = {k: v for k, v in report.items() if v}
-                print(f"{target.relative_to(HTML.parent.parent)}"
-                      + (f"  PROBLEMS: {problems}" if problems else ""))
+                print(
+                    f"{target.relative_to(HTML.parent.parent)}"
+                    + (f"  PROBLEMS: {problems}" if problems else "")
+                )
 
 
 if __name__ == "__main__":

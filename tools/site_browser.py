@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 
 # The `chromium` on PATH is a wrapper script; Playwright needs the binary.
-CANDIDATES = ["/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium-browser"]
+CANDIDATES = [
+    "/usr/lib/chromium/chromium",
+    "/usr/lib/chromium-browser/chromium-browser",
+]
 NO_BROWSER = (
     "No Chromium binary found (looked for {}). Install Debian's browser with "
     "`apt-get install chromium` (.ci/run does this) and run again."
@@ -47,10 +50,15 @@ def browser():
         b = pw.chromium.launch(
             executable_path=binary,
             headless=True,
-            args=["--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync",
-                  "--no-first-run", "--disable-quic",
-                  "--allow-file-access-from-files"],
+            args=[
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+                "--allow-file-access-from-files",
+            ],
         )
         try:
             yield b
@@ -61,8 +69,10 @@ def browser():
 def open_page(b, path, dark=False, width=1280, height=900):
     """Open one built page; return (page, report) where report collects the
     console errors and the requests that tried to leave the machine."""
-    context = b.new_context(viewport={"width": width, "height": height},
-                            color_scheme="dark" if dark else "light")
+    context = b.new_context(
+        viewport={"width": width, "height": height},
+        color_scheme="dark" if dark else "light",
+    )
     page = context.new_page()
     report = {"console_errors": [], "external_requests": [], "page_errors": []}
 
@@ -75,7 +85,10 @@ def open_page(b, path, dark=False, width=1280, height=900):
             r.abort()
 
     page.route("**/*", route)
-    page.on("console", lambda m: m.type == "error" and report["console_errors"].append(m.text))
+    page.on(
+        "console",
+        lambda m: m.type == "error" and report["console_errors"].append(m.text),
+    )
     page.on("pageerror", lambda e: report["page_errors"].append(str(e)))
     page.goto(Path(path).resolve().as_uri(), wait_until="load")
     # MathJax typesets asynchronously: wait for it when the page has math
@@ -85,5 +98,7 @@ def open_page(b, path, dark=False, width=1280, height=900):
         " document.querySelectorAll('mjx-container').length > 0)",
         timeout=30000,
     )
-    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+    page.evaluate(
+        "() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null"
+    )
     return page, report
