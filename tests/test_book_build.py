@@ -26,13 +26,17 @@ def test_build_has_no_warnings(build):
 
 def test_mathjax_is_shipped_with_the_site(build):
     assert (HTML / "_static" / "mathjax" / "tex-svg-full.js").is_file()
-    page = (HTML / "book" / "01_general_attention.html").read_text(encoding="utf-8")
+    page = (HTML / "book" / "01_general_attention.html").read_text(
+        encoding="utf-8"
+    )
     assert 'src="../_static/mathjax/tex-svg-full.js"' in page
     assert "cdn.jsdelivr.net/npm/mathjax" not in page
 
 
 def test_chapter_1_page_has_numbered_equations_and_the_heatmap(build):
-    page = (HTML / "book" / "01_general_attention.html").read_text(encoding="utf-8")
+    page = (HTML / "book" / "01_general_attention.html").read_text(
+        encoding="utf-8"
+    )
     # numbered display equations, e.g. <span class="eqno">(1.3)
     numbers = re.findall(r'class="eqno">\(([\d.]+)\)', page)
     assert len(numbers) >= 8, numbers

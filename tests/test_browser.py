@@ -26,7 +26,9 @@ def toc_pages():
 def chromium(built_site):
     assert built_site.returncode == 0, "the site did not build"
     if site_browser.chromium_binary() is None:
-        pytest.fail(site_browser.NO_BROWSER.format(", ".join(site_browser.CANDIDATES)))
+        pytest.fail(
+            site_browser.NO_BROWSER.format(", ".join(site_browser.CANDIDATES))
+        )
     with site_browser.browser() as b:
         yield b
 
@@ -54,7 +56,11 @@ def test_page_renders_offline(chromium, doc, dark):
         assert all(n > 0 for n, _ in math), "math left untypeset"
         assert all(err == 0 for _, err in math), "MathJax reported a TeX error"
         text = page.inner_text("main")
-        assert "$$" not in text and "\\frac" not in text and "\\begin{" not in text
+        assert (
+            "$$" not in text
+            and "\\frac" not in text
+            and "\\begin{" not in text
+        )
 
         # every image loaded, and figures are opaque (readable on a dark page)
         images = page.evaluate("""() => Array.from(document.images).map(i =>

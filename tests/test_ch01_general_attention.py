@@ -9,10 +9,16 @@ from numpy.testing import assert_allclose
 from scipy.special import softmax as scipy_softmax
 
 finite = st.floats(
-    min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False, width=64
+    min_value=-1e4,
+    max_value=1e4,
+    allow_nan=False,
+    allow_infinity=False,
+    width=64,
 )
 score_matrices = arrays(
-    np.float64, st.tuples(st.integers(1, 6), st.integers(1, 8)), elements=finite
+    np.float64,
+    st.tuples(st.integers(1, 6), st.integers(1, 8)),
+    elements=finite,
 )
 
 
@@ -36,7 +42,9 @@ def test_softmax_rows_sum_to_one_without_overflow(ch01, z):
 
 def test_softmax_extreme_scores(ch01):
     w = ch01.softmax(np.array([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4]]), axis=1)
-    assert_allclose(w, [[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], rtol=0, atol=1e-15)
+    assert_allclose(
+        w, [[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], rtol=0, atol=1e-15
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -115,7 +123,10 @@ def test_the_source_numbers(ch01):
         atol=1e-8,
     )
     assert_allclose(
-        w[0], [0.23608986, 0.00738988, 0.74913039, 0.00738988], rtol=0, atol=1e-8
+        w[0],
+        [0.23608986, 0.00738988, 0.74913039, 0.00738988],
+        rtol=0,
+        atol=1e-8,
     )
 
 
@@ -125,7 +136,10 @@ def test_the_source_numbers(ch01):
     [
         (((4, 3), (4, 2), (4, 3)), "same size d_k: Q has 3 columns, K has 2"),
         (((4, 3), (4, 3), (5, 3)), "K has 4 rows, V has 5"),
-        (((3,), (4, 3), (4, 3)), r"Q must be a 2-D matrix .* got shape \(3,\)"),
+        (
+            ((3,), (4, 3), (4, 3)),
+            r"Q must be a 2-D matrix .* got shape \(3,\)",
+        ),
         (
             ((4, 3), (2, 4, 3), (4, 3)),
             r"K must be a 2-D matrix .* got shape \(2, 4, 3\)",

@@ -20,22 +20,42 @@ def randn(generator, *shape):
 def test_source_masked_weights(ch04):
     torch.manual_seed(89)
     x = torch.randn((1, 3, 5))
-    layers = [nn.Linear(5, 16, bias=False) for _ in range(3)]  # query, key, value
+    layers = [
+        nn.Linear(5, 16, bias=False) for _ in range(3)
+    ]  # query, key, value
     with torch.no_grad():
         Q, K, V = (layer(x) for layer in layers)
     _, w = ch04.masked_attention(Q, K, V, mask=ch04.causal_mask(3))
-    assert_close(w, torch.tensor([[[1.0000, 0.0, 0.0],
-                                   [0.3979, 0.6021, 0.0],
-                                   [0.3729, 0.2933, 0.3338]]]), rtol=0, atol=5e-5)
+    assert_close(
+        w,
+        torch.tensor(
+            [
+                [
+                    [1.0000, 0.0, 0.0],
+                    [0.3979, 0.6021, 0.0],
+                    [0.3729, 0.2933, 0.3338],
+                ]
+            ]
+        ),
+        rtol=0,
+        atol=5e-5,
+    )
 
 
 def test_mask_builders(ch04):
-    assert torch.equal(ch04.causal_mask(4), torch.tril(torch.ones(4, 4)).bool())
-    assert torch.equal(ch04.causal_mask(2, 3),
-                       torch.tensor([[True, False, False], [True, True, False]]))
-    assert torch.equal(ch04.padding_mask([2, 0, 3], 3),
-                       torch.tensor([[True, True, False], [False, False, False],
-                                     [True, True, True]]))
+    assert torch.equal(
+        ch04.causal_mask(4), torch.tril(torch.ones(4, 4)).bool()
+    )
+    assert torch.equal(
+        ch04.causal_mask(2, 3),
+        torch.tensor([[True, False, False], [True, True, False]]),
+    )
+    assert torch.equal(
+        ch04.padding_mask([2, 0, 3], 3),
+        torch.tensor(
+            [[True, True, False], [False, False, False], [True, True, True]]
+        ),
+    )
     add = ch04.to_additive(torch.tensor([True, False]))
     assert add[0] == 0 and torch.isneginf(add[1])
 
@@ -44,7 +64,9 @@ def test_mask_builders(ch04):
 @pytest.mark.parametrize("kind", ["none", "bool", "causal"])
 def test_equals_torch_sdpa(ch04, seed, kind):
     g = torch.Generator().manual_seed(seed)
-    batch = tuple(int(n) for n in torch.randint(1, 4, (seed % 3,), generator=g))
+    batch = tuple(
+        int(n) for n in torch.randint(1, 4, (seed % 3,), generator=g)
+    )
     L, S, d_k, d_v = (int(n) for n in torch.randint(1, 9, (4,), generator=g))
     q, k = randn(g, *batch, L, d_k), randn(g, *batch, S, d_k)
     v = randn(g, *batch, S, d_v)
@@ -66,12 +88,15 @@ def test_causal_outputs_ignore_the_future(ch04, seed):
     q, k, v = randn(g, 2, 3, T, 4), randn(g, 2, 3, T, 4), randn(g, 2, 3, T, 6)
     q2, k2, v2 = q.clone(), k.clone(), v.clone()
     for tensor in (q2, k2, v2):
-        tensor[..., t + 1:, :] = 10 * torch.randn(tensor[..., t + 1:, :].shape,
-                                                  generator=g)
+        tensor[..., t + 1 :, :] = 10 * torch.randn(
+            tensor[..., t + 1 :, :].shape, generator=g
+        )
     out, _ = ch04.masked_attention(q, k, v, mask=ch04.causal_mask(T))
     out2, _ = ch04.masked_attention(q2, k2, v2, mask=ch04.causal_mask(T))
-    assert_close(out2[..., :t + 1, :], out[..., :t + 1, :], rtol=0, atol=1e-6)
-    assert not torch.allclose(out2[..., t + 1:, :], out[..., t + 1:, :])
+    assert_close(
+        out2[..., : t + 1, :], out[..., : t + 1, :], rtol=0, atol=1e-6
+    )
+    assert not torch.allclose(out2[..., t + 1 :, :], out[..., t + 1 :, :])
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -79,22 +104,28 @@ def test_causal_outputs_ignore_the_future(ch04, seed):
 def test_appending_padding_leaves_real_outputs_unchanged(ch04, seed, causal):
     g = torch.Generator().manual_seed(seed)
     lengths = [int(n) for n in torch.randint(1, 7, (3,), generator=g)]
-    S = max(lengths) + 2                          # at least two padded positions
+    S = max(lengths) + 2  # at least two padded positions
     d, d_v = 4, 5
-    seqs = [(randn(g, n, d), randn(g, n, d), randn(g, n, d_v)) for n in lengths]
-    padded = [100 * randn(g, 3, S, d), 100 * randn(g, 3, S, d),
-              100 * randn(g, 3, S, d_v)]               # garbage padding
+    seqs = [
+        (randn(g, n, d), randn(g, n, d), randn(g, n, d_v)) for n in lengths
+    ]
+    padded = [
+        100 * randn(g, 3, S, d),
+        100 * randn(g, 3, S, d),
+        100 * randn(g, 3, S, d_v),
+    ]  # garbage padding
     for b, seq in enumerate(seqs):
         for full, part in zip(padded, seq):
-            full[b, :len(part)] = part
-    mask = ch04.padding_mask(lengths, S)[:, None, :]           # (B, 1, S)
+            full[b, : len(part)] = part
+    mask = ch04.padding_mask(lengths, S)[:, None, :]  # (B, 1, S)
     if causal:
         mask = mask & ch04.causal_mask(S)
     out, w = ch04.masked_attention(*padded, mask=mask)
     for b, (q, k, v) in enumerate(seqs):
         n = len(q)
         alone, _ = ch04.masked_attention(
-            q, k, v, mask=ch04.causal_mask(n) if causal else None)
+            q, k, v, mask=ch04.causal_mask(n) if causal else None
+        )
         assert_close(out[b, :n], alone, rtol=0, atol=1e-6)
         assert (w[b, :, n:] == 0).all()
 
@@ -105,7 +136,7 @@ def test_fully_masked_rows_are_zero_not_nan(ch04):
     k = randn(g, 2, 5, 3).requires_grad_()
     v = randn(g, 2, 5, 6).requires_grad_()
     mask = torch.rand(2, 4, 5, generator=g) > 0.5
-    mask[0, 1] = False                             # a fully masked row
+    mask[0, 1] = False  # a fully masked row
     mask[1, 3] = False
     mask[0, 0] = True
     out, w = ch04.masked_attention(q, k, v, mask=mask)
@@ -118,11 +149,15 @@ def test_fully_masked_rows_are_zero_not_nan(ch04):
         assert torch.isfinite(t.grad).all()
 
 
-@pytest.mark.parametrize("mask_shape", [(4, 4), (3, 4), (2, 1, 3, 5), (4,), (3, 3, 5)])
+@pytest.mark.parametrize(
+    "mask_shape", [(4, 4), (3, 4), (2, 1, 3, 5), (4,), (3, 3, 5)]
+)
 def test_mismatched_mask_shape_raises(ch04, mask_shape):
     q, k, v = torch.ones(2, 3, 4), torch.ones(2, 5, 4), torch.ones(2, 5, 6)
     with pytest.raises(ValueError, match="does not broadcast"):
-        ch04.masked_attention(q, k, v, mask=torch.ones(mask_shape, dtype=torch.bool))
+        ch04.masked_attention(
+            q, k, v, mask=torch.ones(mask_shape, dtype=torch.bool)
+        )
 
 
 def test_other_bad_inputs_raise(ch04):

@@ -24,8 +24,12 @@ def tiny():
     s = torch.tensor([1.0, 2.0])
     H = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, -1.0]])
     W = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
-    W1 = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])   # (d_s, d_a) = (2, 3)
-    W2 = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])   # (d_h, d_a) = (2, 3)
+    W1 = torch.tensor(
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    )  # (d_s, d_a) = (2, 3)
+    W2 = torch.tensor(
+        [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    )  # (d_h, d_a) = (2, 3)
     v = torch.tensor([1.0, 2.0, -1.0])
     return s, H, W, W1, W2, v
 
@@ -33,24 +37,36 @@ def tiny():
 def test_scores_by_hand(ch08):
     s, H, W, W1, W2, v = tiny()
     # dot: [1*1 + 2*0, 1*0 + 2*1, 1*2 - 2*1]
-    torch.testing.assert_close(ch08.score_dot(s, H), torch.tensor([1.0, 2.0, 0.0]))
-    torch.testing.assert_close(ch08.score_scaled_dot(s, H),
-                               torch.tensor([1.0, 2.0, 0.0]) / math.sqrt(2))
+    torch.testing.assert_close(
+        ch08.score_dot(s, H), torch.tensor([1.0, 2.0, 0.0])
+    )
+    torch.testing.assert_close(
+        ch08.score_scaled_dot(s, H),
+        torch.tensor([1.0, 2.0, 0.0]) / math.sqrt(2),
+    )
     # general: s W = [1, 6]; [1, 6] . h_i
-    torch.testing.assert_close(ch08.score_general(s, H, W),
-                               torch.tensor([1.0, 6.0, -4.0]))
+    torch.testing.assert_close(
+        ch08.score_general(s, H, W), torch.tensor([1.0, 6.0, -4.0])
+    )
     # additive: s W1 = [1, 2, 0]; h_i W2 = [0, 0, 1], [1, 0, 0], [-1, 0, 2]
     t = math.tanh
-    expected = torch.tensor([
-        t(1) + 2 * t(2) - t(1),
-        t(2) + 2 * t(2) - t(0),
-        t(0) + 2 * t(2) - t(2),
-    ])
-    torch.testing.assert_close(ch08.score_additive(s, H, W1, W2, v), expected,
-                               rtol=0, atol=1e-6)
+    expected = torch.tensor(
+        [
+            t(1) + 2 * t(2) - t(1),
+            t(2) + 2 * t(2) - t(0),
+            t(0) + 2 * t(2) - t(2),
+        ]
+    )
+    torch.testing.assert_close(
+        ch08.score_additive(s, H, W1, W2, v), expected, rtol=0, atol=1e-6
+    )
     # precomputed key projections give the same scores
-    torch.testing.assert_close(ch08.score_additive(s, H, W1, W2, v, H_W2=H @ W2),
-                               expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        ch08.score_additive(s, H, W1, W2, v, H_W2=H @ W2),
+        expected,
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("batch", [(), (3,), (2, 4)])
@@ -70,21 +86,47 @@ def test_score_shapes(ch08, batch):
     assert ch08.score_additive(s, H, W1, W2, v).shape == (*batch, n)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda c, s, H, W, W1, W2, v: c.score_dot(torch.ones(3), H), "one size"),
-    (lambda c, s, H, W, W1, W2, v: c.score_dot(s, torch.ones(2, 3, 2)),
-     "batch shapes differ"),
-    (lambda c, s, H, W, W1, W2, v: c.score_dot(s, torch.ones(0, 2)),
-     "at least one key"),
-    (lambda c, s, H, W, W1, W2, v: c.score_general(s, H, torch.ones(3, 2)),
-     r"W must have shape \(2, 2\)"),
-    (lambda c, s, H, W, W1, W2, v: c.score_additive(s, H, W1, W2[:1], v),
-     r"W2 must have shape \(2, 3\)"),
-    (lambda c, s, H, W, W1, W2, v: c.score_additive(s, H, W1, W2, v[:2]),
-     r"W1 must have shape \(2, 2\)"),
-    (lambda c, s, H, W, W1, W2, v: c.score_additive(s, H, W1, W2, v[None]),
-     r"v must be a vector, got shape \(1, 3\)"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_dot(torch.ones(3), H),
+            "one size",
+        ),
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_dot(s, torch.ones(2, 3, 2)),
+            "batch shapes differ",
+        ),
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_dot(s, torch.ones(0, 2)),
+            "at least one key",
+        ),
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_general(
+                s, H, torch.ones(3, 2)
+            ),
+            r"W must have shape \(2, 2\)",
+        ),
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_additive(
+                s, H, W1, W2[:1], v
+            ),
+            r"W2 must have shape \(2, 3\)",
+        ),
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_additive(
+                s, H, W1, W2, v[:2]
+            ),
+            r"W1 must have shape \(2, 2\)",
+        ),
+        (
+            lambda c, s, H, W, W1, W2, v: c.score_additive(
+                s, H, W1, W2, v[None]
+            ),
+            r"v must be a vector, got shape \(1, 3\)",
+        ),
+    ],
+)
 def test_scores_reject_bad_shapes(ch08, call, message):
     with pytest.raises(ValueError, match=message):
         call(ch08, *tiny())
@@ -104,9 +146,12 @@ def test_additive_weights_sum_to_one_and_padding_gets_zero(ch08, seed):
         context, weights = attn(s, H, mask)
         _, weights_all = attn(s, H, torch.ones(B, n, dtype=torch.bool))
     assert context.shape == (B, 4) and weights.shape == (B, n)
-    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(B), rtol=0, atol=1e-6)
-    torch.testing.assert_close(weights_all.sum(dim=-1), torch.ones(B),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        weights.sum(dim=-1), torch.ones(B), rtol=0, atol=1e-6
+    )
+    torch.testing.assert_close(
+        weights_all.sum(dim=-1), torch.ones(B), rtol=0, atol=1e-6
+    )
     assert (weights[~mask] == 0).all()
     assert (weights[mask] > 0).all()
     # the padded keys' contents do not matter
@@ -117,17 +162,25 @@ def test_additive_weights_sum_to_one_and_padding_gets_zero(ch08, seed):
     torch.testing.assert_close(context_noisy, context, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("mask, message", [
-    (torch.ones(2, 4, dtype=torch.int64), "boolean"),
-    (torch.ones(2, 3, dtype=torch.bool), r"mask has shape \(2, 3\)"),
-    (torch.tensor([[True, False, False, False], [False] * 4]), "hides every key"),
-])
+@pytest.mark.parametrize(
+    "mask, message",
+    [
+        (torch.ones(2, 4, dtype=torch.int64), "boolean"),
+        (torch.ones(2, 3, dtype=torch.bool), r"mask has shape \(2, 3\)"),
+        (
+            torch.tensor([[True, False, False, False], [False] * 4]),
+            "hides every key",
+        ),
+    ],
+)
 def test_attention_weights_rejects_bad_masks(ch08, mask, message):
     with pytest.raises(ValueError, match=message):
         ch08.attention_weights(torch.zeros(2, 4), mask)
 
 
-@pytest.mark.parametrize("seed, min_len, max_len", [(0, 6, 10), (5, 1, 4), (9, 3, 3)])
+@pytest.mark.parametrize(
+    "seed, min_len, max_len", [(0, 6, 10), (5, 1, 4), (9, 3, 3)]
+)
 def test_targets_are_the_reversed_inputs(ch08, seed, min_len, max_len):
     V = ch08.Vocab
     src, lengths, tgt = ch08.make_reversal_data(500, min_len, max_len, seed)
@@ -138,7 +191,9 @@ def test_targets_are_the_reversed_inputs(ch08, seed, min_len, max_len):
         assert ((digits >= V.FIRST_DIGIT) & (digits < V.SIZE)).all()
         assert torch.equal(tgt_k[:n_k], digits.flip(0))
         assert tgt_k[n_k] == V.EOS
-        assert (tgt_k[n_k + 1:] == V.PAD).all() and (src_k[n_k:] == V.PAD).all()
+        assert (tgt_k[n_k + 1 :] == V.PAD).all() and (
+            src_k[n_k:] == V.PAD
+        ).all()
     # the same seed gives the same data
     again = ch08.make_reversal_data(500, min_len, max_len, seed)
     assert all(torch.equal(a, b) for a, b in zip((src, lengths, tgt), again))
@@ -154,25 +209,44 @@ def test_generator_rejects_bad_lengths(ch08):
 def test_teacher_forcing_shifts_the_targets(ch08):
     V = ch08.Vocab
     src, lengths, tgt = ch08.make_reversal_data(16, 2, 6, seed=1)
-    src_b, len_b, tgt_in, tgt_out = ch08.teacher_forcing_batch(src, lengths, tgt)
+    src_b, len_b, tgt_in, tgt_out = ch08.teacher_forcing_batch(
+        src, lengths, tgt
+    )
     n = int(lengths.max())
     assert torch.equal(len_b, lengths)
-    assert src_b.shape == (16, n) and tgt_out.shape == tgt_in.shape == (16, n + 1)
+    assert src_b.shape == (16, n) and tgt_out.shape == tgt_in.shape == (
+        16,
+        n + 1,
+    )
     assert (tgt_in[:, 0] == V.BOS).all()
     assert torch.equal(tgt_in[:, 1:], tgt_out[:, :-1])
 
 
 def small_model(ch08, use_attention, seed=0):
     torch.manual_seed(seed)
-    return ch08.Seq2Seq(vocab_size=ch08.Vocab.SIZE, emb_size=8, hidden_size=16,
-                        attn_size=16, use_attention=use_attention)
+    return ch08.Seq2Seq(
+        vocab_size=ch08.Vocab.SIZE,
+        emb_size=8,
+        hidden_size=16,
+        attn_size=16,
+        use_attention=use_attention,
+    )
 
 
 @pytest.mark.parametrize("use_attention", [True, False])
 def test_training_is_deterministic(ch08, use_attention):
     data = ch08.make_reversal_data(200, 6, 10, seed=0)
-    runs = [ch08.train(small_model(ch08, use_attention), data, steps=4,
-                       batch_size=16, lr=3e-3, seed=0) for _ in range(2)]
+    runs = [
+        ch08.train(
+            small_model(ch08, use_attention),
+            data,
+            steps=4,
+            batch_size=16,
+            lr=3e-3,
+            seed=0,
+        )
+        for _ in range(2)
+    ]
     assert len(runs[0]) == 4
     assert runs[0] == runs[1]
     # the losses move, so equal lists are not a constant
@@ -190,18 +264,26 @@ def test_model_shapes_and_padding(ch08):
     assert weights.shape == (B, T, n)
     padded = (torch.arange(n) >= len_b[:, None])[:, None, :].expand(B, T, n)
     assert (weights[padded] == 0).all()
-    torch.testing.assert_close(weights.sum(-1), torch.ones(B, T), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        weights.sum(-1), torch.ones(B, T), rtol=0, atol=1e-6
+    )
     # filling the padding with digits changes nothing
-    noisy = torch.where(src_b == ch08.Vocab.PAD, ch08.Vocab.FIRST_DIGIT + 7, src_b)
+    noisy = torch.where(
+        src_b == ch08.Vocab.PAD, ch08.Vocab.FIRST_DIGIT + 7, src_b
+    )
     with torch.no_grad():
         logits_noisy, weights_noisy = model(noisy, len_b, tgt_in)
-    assert torch.equal(logits_noisy, logits) and torch.equal(weights_noisy, weights)
+    assert torch.equal(logits_noisy, logits) and torch.equal(
+        weights_noisy, weights
+    )
     pred, pred_weights = model.greedy_decode(src_b, len_b, steps=T)
     assert pred.shape == (B, T) and pred_weights.shape == (B, T, n)
     baseline = small_model(ch08, use_attention=False)
     with torch.no_grad():
         logits_base, weights_base = baseline(src_b, len_b, tgt_in)
-    assert logits_base.shape == (B, T, ch08.Vocab.SIZE) and weights_base is None
+    assert (
+        logits_base.shape == (B, T, ch08.Vocab.SIZE) and weights_base is None
+    )
 
 
 def test_model_rejects_bad_lengths(ch08):

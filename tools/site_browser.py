@@ -30,7 +30,9 @@ def chromium_binary():
         if Path(path).is_file():
             return path
     found = shutil.which("chromium")
-    return found if found and Path(found).read_bytes()[:2] == b"\x7fE" else None
+    return (
+        found if found and Path(found).read_bytes()[:2] == b"\x7fE" else None
+    )
 
 
 def site_pages():
@@ -87,7 +89,9 @@ def open_page(b, path, dark=False, width=1280, height=900):
     page.route("**/*", route)
     page.on(
         "console",
-        lambda m: m.type == "error" and report["console_errors"].append(m.text),
+        lambda m: (
+            m.type == "error" and report["console_errors"].append(m.text)
+        ),
     )
     page.on("pageerror", lambda e: report["page_errors"].append(str(e)))
     page.goto(Path(path).resolve().as_uri(), wait_until="load")
