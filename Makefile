@@ -13,13 +13,14 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=900 \
                 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: help venv book html test test-notebooks test-code lint \
-        outputs screenshots clean distclean
+        outputs bench screenshots clean distclean
 
 help:
 	@echo "make book     create .venv, install, execute every notebook, build the HTML"
 	@echo "make test     the whole suite: nbval (strict), tests/, warnings-as-errors build"
 	@echo "make lint     ruff (code and notebooks), codespell (prose), actionlint (CI workflow)"
 	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
+	@echo "make bench    time chapter 7's attention programs (book/data/bench_attention.csv, book/images/bench_attention.png)"
 	@echo "make screenshots  a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
 
@@ -72,6 +73,12 @@ lint: $(STAMP) $(NODE_STAMP)
 # (no timestamps: a second run gives no diff).
 outputs: $(STAMP)
 	$(BIN)/python tools/refresh_outputs.py $(NB)
+
+# Chapter 7's measurements: median time, GFLOP/s and peak extra memory of
+# each attention program for T = 256 ... 4096 (a few minutes; run it on a
+# quiet machine, then `make outputs NB=book/07_efficient_attention.ipynb`).
+bench: $(STAMP)
+	$(BIN)/python tools/bench_attention.py
 
 # Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
 screenshots: html

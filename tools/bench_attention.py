@@ -30,45 +30,77 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "07_efficient_attention.ipynb"
 
-# name in the CSV -> (function in the notebook, library of its inputs)
+# name in the CSV -> (function in the notebook, library of its inputs, causal)
 PROGRAMS = {
-    "loop (NumPy)": ("attention_loop", "numpy"),
-    "NumPy": ("attention_numpy", "numpy"),
-    "PyTorch by hand": ("attention_torch", "torch"),
-    "F.scaled_dot_product_attention": ("attention_sdpa", "torch"),
-    "tiled (ours)": ("tiled_attention", "torch"),
+    "loop (NumPy)": ("attention_loop", "numpy", False),
+    "NumPy": ("attention_numpy", "numpy", False),
+    "PyTorch by hand": ("attention_torch", "torch", False),
+    "F.scaled_dot_product_attention": ("attention_sdpa", "torch", False),
+    "tiled (ours)": ("tiled_attention", "torch", False),
+    "F.scaled_dot_product_attention, causal": (
+        "attention_sdpa",
+        "torch",
+        True,
+    ),
+    "tiled (ours), causal": ("tiled_attention", "torch", True),
 }
 NAIVE = "PyTorch by hand"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+",
-                        default=[256, 512, 1024, 2048, 4096],
-                        help="sequence lengths T")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[256, 512, 1024, 2048, 4096],
+        help="sequence lengths T",
+    )
     parser.add_argument("--d", type=int, default=64, help="head size")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="threads for PyTorch and for NumPy's BLAS")
-    parser.add_argument("--loop-max", type=int, default=1024,
-                        help="largest T for the per-query Python loop")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads for PyTorch and for NumPy's BLAS",
+    )
+    parser.add_argument(
+        "--loop-max",
+        type=int,
+        default=1024,
+        help="largest T for the per-query Python loop",
+    )
     parser.add_argument("--block-q", type=int, default=128)
     parser.add_argument("--block-k", type=int, default=512)
     parser.add_argument("--min-repeats", type=int, default=3)
     parser.add_argument("--max-repeats", type=int, default=15)
-    parser.add_argument("--max-seconds", type=float, default=3.0,
-                        help="stop repeating a program at one T after this long "
-                             "(once it has --min-repeats calls)")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=3.0,
+        help="stop repeating a program at one T after this long "
+        "(once it has --min-repeats calls)",
+    )
     parser.add_argument("--matmul-size", type=int, default=2048)
-    parser.add_argument("--no-memory", action="store_true",
-                        help="skip the peak-memory measurement")
-    parser.add_argument("--csv", type=Path,
-                        default=ROOT / "book" / "data" / "bench_attention.csv")
-    parser.add_argument("--png", type=Path,
-                        default=ROOT / "book" / "images" / "bench_attention.png")
-    parser.add_argument("--child", nargs=2, metavar=("PROGRAM", "T"),
-                        help=argparse.SUPPRESS)   # internal: one memory measurement
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the peak-memory measurement",
+    )
+    parser.add_argument(
+        "--csv",
+        type=Path,
+        default=ROOT / "book" / "data" / "bench_attention.csv",
+    )
+    parser.add_argument(
+        "--png",
+        type=Path,
+        default=ROOT / "book" / "images" / "bench_attention.png",
+    )
+    parser.add_argument(
+        "--child", nargs=2, metavar=("PROGRAM", "T"), help=argparse.SUPPRESS
+    )  # internal: one memory measurement
     return parser.parse_args(argv)
 
 
@@ -92,28 +124,38 @@ class ChapterLoader(Notebook):
 
 
 def load_chapter():
-    return ChapterLoader.load_file(str(NOTEBOOK), main=False,
-                                   include_non_defs=False,
-                                   include_markdown_docstring=False)
+    return ChapterLoader.load_file(
+        str(NOTEBOOK),
+        main=False,
+        include_non_defs=False,
+        include_markdown_docstring=False,
+    )
 
 
 def make_inputs(T, args, seed=0):
     """float32 q, k, v of shape (batch, heads, T, d), as NumPy and as torch."""
     rng = np.random.default_rng(seed)
-    arrays = [rng.standard_normal((args.batch, args.heads, T, args.d),
-                                  dtype=np.float32) for _ in range(3)]
+    arrays = [
+        rng.standard_normal(
+            (args.batch, args.heads, T, args.d), dtype=np.float32
+        )
+        for _ in range(3)
+    ]
     return arrays, [torch.from_numpy(a) for a in arrays]
 
 
 def make_call(chapter, name, T, args):
     """A zero-argument function that runs program `name` at length T."""
-    fn_name, lib = PROGRAMS[name]
+    fn_name, lib, causal = PROGRAMS[name]
     fn = getattr(chapter, fn_name)
     arrays, tensors = make_inputs(T, args)
     inputs = arrays if lib == "numpy" else tensors
-    kwargs = ({"block_q": args.block_q, "block_k": args.block_k}
-              if name == "tiled (ours)" else {})
-    return lambda: fn(*inputs, **kwargs)
+    kwargs = (
+        {"block_q": args.block_q, "block_k": args.block_k}
+        if fn_name == "tiled_attention"
+        else {}
+    )
+    return lambda: fn(*inputs, causal=causal, **kwargs)
 
 
 def flops(T, args):
@@ -122,6 +164,7 @@ def flops(T, args):
 
 
 # --- peak extra memory, one fresh process per (program, T) -----------------
+
 
 def proc_status_kib(field):
     with open("/proc/self/status") as f:
@@ -134,10 +177,12 @@ def proc_status_kib(field):
 def child_measure(name, T, args):
     """Run once in this fresh process; print the peak extra resident bytes."""
     chapter = load_chapter()
-    make_call(chapter, name, 16, args)()            # load code, warm up the libraries
-    call = make_call(chapter, name, T, args)        # inputs exist before the baseline
+    make_call(chapter, name, 16, args)()  # load code, warm up the libraries
+    call = make_call(
+        chapter, name, T, args
+    )  # inputs exist before the baseline
     with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                                # reset the peak (VmHWM) to now
+        f.write("5")  # reset the peak (VmHWM) to now
     before = proc_status_kib("VmRSS")
     result = call()
     peak = proc_status_kib("VmHWM")
@@ -146,21 +191,38 @@ def child_measure(name, T, args):
 
 
 def measure_memory(name, T, args):
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, str(T),
-           "--d", str(args.d), "--heads", str(args.heads),
-           "--batch", str(args.batch), "--threads", str(args.threads),
-           "--block-q", str(args.block_q), "--block-k", str(args.block_k)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                         cwd=ROOT).stdout
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        name,
+        str(T),
+        "--d",
+        str(args.d),
+        "--heads",
+        str(args.heads),
+        "--batch",
+        str(args.batch),
+        "--threads",
+        str(args.threads),
+        "--block-q",
+        str(args.block_q),
+        "--block-k",
+        str(args.block_k),
+    ]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_extra_bytes"]
 
 
 # --- time ---------------------------------------------------------------------
 
+
 def time_programs(calls, args):
     """Median seconds per call; programs are called in turn (round robin)."""
     for call in calls.values():
-        call()                                      # warm-up
+        call()  # warm-up
     times = {name: [] for name in calls}
     active = list(calls)
     while active:
@@ -169,8 +231,9 @@ def time_programs(calls, args):
             calls[name]()
             times[name].append(time.perf_counter() - start)
             n, spent = len(times[name]), sum(times[name])
-            if n >= args.max_repeats or (n >= args.min_repeats
-                                         and spent >= args.max_seconds):
+            if n >= args.max_repeats or (
+                n >= args.min_repeats and spent >= args.max_seconds
+            ):
                 active.remove(name)
     return {name: (statistics.median(t), len(t)) for name, t in times.items()}
 
@@ -187,44 +250,74 @@ def matmul_ceiling(args):
 
 def check_equal(chapter, T, args):
     """Every program gives the naive program's output (float32, atol 1e-4)."""
-    reference = make_call(chapter, NAIVE, T, args)().numpy()
+    _, tensors = make_inputs(T, args)
+    references = {
+        causal: chapter.attention_torch(*tensors, causal=causal).numpy()
+        for causal in (False, True)
+    }
     for name in PROGRAMS:
         if name == "loop (NumPy)" and T > args.loop_max:
             continue
+        reference = references[PROGRAMS[name][2]]
         out = make_call(chapter, name, T, args)()
         out = out.numpy() if isinstance(out, torch.Tensor) else out
         err = float(np.abs(out - reference).max())
         if not err <= 1e-4:
-            raise SystemExit(f"{name} differs from {NAIVE} at T = {T}: {err:.2e}")
+            raise SystemExit(
+                f"{name} differs from {NAIVE} at T = {T}: {err:.2e}"
+            )
 
 
 def plot(df, ceiling, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 5))
+    colours = {}
     for name in PROGRAMS:
         rows = df[df["implementation"] == name]
-        ax_speed.plot(rows["T"], rows["gflop_per_s"], marker="o", label=name)
+        causal = PROGRAMS[name][2]
+        style = {
+            "marker": "o",
+            "label": name,
+            "color": colours.get(name.removesuffix(", causal")),
+            "linestyle": "--" if causal else "-",
+            "markerfacecolor": "white" if causal else None,
+        }
+        (line,) = ax_speed.plot(rows["T"], rows["gflop_per_s"], **style)
+        colours.setdefault(name, line.get_color())
         if rows["peak_extra_mib"].notna().any():
-            ax_mem.plot(rows["T"], rows["peak_extra_mib"], marker="o", label=name)
-    ax_speed.axhline(ceiling, color="black", linestyle="--",
-                     label="fp32 matmul ceiling")
-    ax_speed.set_ylabel("throughput (GFLOP/s, 4 T² d per head)")
+            ax_mem.plot(rows["T"], rows["peak_extra_mib"], **style)
+    ax_speed.axhline(
+        ceiling, color="black", linestyle=":", label="fp32 matmul ceiling"
+    )
+    ax_speed.set_ylabel("GFLOP/s (counted as 4 T² d per head)")
     ax_speed.set_ylim(bottom=0)
     ax_speed.set_title("Speed")
     ax_mem.set_yscale("log")
+    ax_mem.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax_mem.yaxis.set_minor_formatter(NullFormatter())
     ax_mem.set_ylabel("peak extra memory (MiB)")
     ax_mem.set_title("Memory")
     for ax in (ax_speed, ax_mem):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(df["T"].unique()),
-                      labels=[str(t) for t in sorted(df["T"].unique())])
+        ax.set_xticks(
+            sorted(df["T"].unique()),
+            labels=[str(t) for t in sorted(df["T"].unique())],
+        )
         ax.set_xlabel("sequence length T")
         ax.grid(alpha=0.3)
-    ax_speed.legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(
+        *ax_speed.get_legend_handles_labels(),
+        loc="lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -237,47 +330,84 @@ def main(args):
         child_measure(args.child[0], int(args.child[1]), args)
         return
     chapter = load_chapter()
-    info = {"machine": f"{platform.processor() or platform.machine()}, "
-                       f"{os.cpu_count()} cores",
-            "torch": torch.__version__, "numpy": np.__version__,
-            "threads": args.threads,
-            "date": datetime.date.today().isoformat(),
-            "d": args.d, "heads": args.heads, "batch": args.batch}
+    info = {
+        "machine": f"{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "threads": args.threads,
+        "date": datetime.date.today().isoformat(),
+        "d": args.d,
+        "heads": args.heads,
+        "batch": args.batch,
+        "block_q": args.block_q,
+        "block_k": args.block_k,
+    }
     try:
         with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name"))
+            model = next(
+                line.split(":", 1)[1].strip()
+                for line in f
+                if line.startswith("model name")
+            )
         info["machine"] = f"{model}, {os.cpu_count()} cores"
     except (OSError, StopIteration):
         pass
-    print(f"{info['machine']}; torch {info['torch']}, numpy {info['numpy']}, "
-          f"{args.threads} thread(s); OPENBLAS_CORETYPE="
-          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}", flush=True)
+    print(
+        f"{info['machine']}; torch {info['torch']}, numpy {info['numpy']}, "
+        f"{args.threads} thread(s); OPENBLAS_CORETYPE="
+        f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}",
+        flush=True,
+    )
 
     gflops, median, repeats = matmul_ceiling(args)
-    rows = [{"implementation": "matmul ceiling", "T": args.matmul_size,
-             "median_ms": median * 1e3, "gflop_per_s": gflops,
-             "repeats": repeats, "peak_extra_mib": float("nan"), **info}]
+    rows = [
+        {
+            "implementation": "matmul ceiling",
+            "T": args.matmul_size,
+            "median_ms": median * 1e3,
+            "gflop_per_s": gflops,
+            "repeats": repeats,
+            "peak_extra_mib": float("nan"),
+            **info,
+        }
+    ]
     print(f"fp32 matmul {args.matmul_size}: {gflops:.1f} GFLOP/s", flush=True)
 
     for T in args.sizes:
         check_equal(chapter, T, args)
-        names = [n for n in PROGRAMS
-                 if not (n == "loop (NumPy)" and T > args.loop_max)]
+        names = [
+            n
+            for n in PROGRAMS
+            if not (n == "loop (NumPy)" and T > args.loop_max)
+        ]
         calls = {n: make_call(chapter, n, T, args) for n in names}
         timings = time_programs(calls, args)
         del calls
         for name in names:
             median, repeats = timings[name]
-            peak = (float("nan") if args.no_memory
-                    else measure_memory(name, T, args) / 2**20)
-            rows.append({"implementation": name, "T": T,
-                         "median_ms": median * 1e3,
-                         "gflop_per_s": flops(T, args) / median / 1e9,
-                         "repeats": repeats, "peak_extra_mib": peak, **info})
-            print(f"T = {T:5d}  {name:32s} {median * 1e3:10.2f} ms "
-                  f"{rows[-1]['gflop_per_s']:7.1f} GFLOP/s "
-                  f"{peak:9.1f} MiB  ({repeats} calls)", flush=True)
+            peak = (
+                float("nan")
+                if args.no_memory
+                else measure_memory(name, T, args) / 2**20
+            )
+            rows.append(
+                {
+                    "implementation": name,
+                    "T": T,
+                    "median_ms": median * 1e3,
+                    "gflop_per_s": flops(T, args) / median / 1e9,
+                    "repeats": repeats,
+                    "peak_extra_mib": peak,
+                    **info,
+                }
+            )
+            print(
+                f"T = {T:5d}  {name:38s} {median * 1e3:10.2f} ms "
+                f"{rows[-1]['gflop_per_s']:7.1f} GFLOP/s "
+                f"{peak:9.1f} MiB  ({repeats} calls)",
+                flush=True,
+            )
 
     df = pd.DataFrame(rows)
     args.csv.parent.mkdir(parents=True, exist_ok=True)
@@ -287,12 +417,16 @@ def main(args):
 
     T = max(args.sizes)
     last = df[df["T"] == T].set_index("implementation")
-    speed = (last.loc["tiled (ours)", "gflop_per_s"]
-             / last.loc["F.scaled_dot_product_attention", "gflop_per_s"])
+    speed = (
+        last.loc["tiled (ours)", "gflop_per_s"]
+        / last.loc["F.scaled_dot_product_attention", "gflop_per_s"]
+    )
     print(f"T = {T}: tiled / SDPA throughput {speed:.2f}", end="")
     if not args.no_memory:
-        memory = (last.loc["tiled (ours)", "peak_extra_mib"]
-                  / last.loc[NAIVE, "peak_extra_mib"])
+        memory = (
+            last.loc["tiled (ours)", "peak_extra_mib"]
+            / last.loc[NAIVE, "peak_extra_mib"]
+        )
         print(f"; tiled / naive peak extra memory {memory:.4f}", end="")
     print()
 

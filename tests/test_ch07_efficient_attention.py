@@ -1,0 +1,425 @@
+"""Chapter 7: online softmax, tiled attention and the benchmark script."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import ROOT, load_chapter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_allclose
+from scipy.special import softmax as scipy_softmax
+from torch.testing import assert_close
+
+ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+@pytest.fixture(scope="module")
+def ch07():
+    torch.set_num_threads(1)
+    return load_chapter("07_efficient_attention.ipynb")
+
+
+def qkv(T, S=None, d=16, d_v=None, batch=(2, 3), dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    S = T if S is None else S
+    d_v = d if d_v is None else d_v
+    return (
+        torch.randn(*batch, T, d, generator=gen, dtype=dtype),
+        torch.randn(*batch, S, d, generator=gen, dtype=dtype),
+        torch.randn(*batch, S, d_v, generator=gen, dtype=dtype),
+    )
+
+
+# --- tiled attention equals the naive program ---------------------------------
+
+# block sizes of 1, odd, equal to T, larger than T; lengths that are and are
+# not multiples of them (tiny blocks only with short sequences, to stay fast)
+CASES = [
+    (T, bq, bk)
+    for T in (1, 2, 15, 16, 17, 97, 200)
+    for bq, bk in (
+        (1, 1),
+        (1, 7),
+        (7, 1),
+        (3, 5),
+        (16, 16),
+        (128, 512),
+        (500, 600),
+    )
+    if T * T <= 2000 * bq * bk
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T, block_q, block_k", CASES)
+def test_tiled_equals_naive(ch07, T, block_q, block_k, causal, dtype):
+    q, k, v = qkv(T, dtype=dtype, seed=T)
+    expected = ch07.attention_torch(q, k, v, causal)
+    got = ch07.tiled_attention(q, k, v, causal, block_q, block_k)
+    assert got.dtype == dtype and got.shape == expected.shape
+    assert_close(got, expected, rtol=0, atol=ATOL[dtype])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L, S", [(5, 40), (40, 5), (33, 100), (1, 9)])
+def test_tiled_cross_attention_lengths(ch07, L, S, causal):
+    q, k, v = qkv(L, S, d=8, d_v=5, batch=(3,))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal
+    )
+    got = ch07.tiled_attention(q, k, v, causal, block_q=4, block_k=6)
+    assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("block_q, block_k", [(4, 4), (3, 7), (16, 5)])
+def test_tiled_causal_outputs_ignore_the_future(ch07, dtype, block_q, block_k):
+    """Masked keys get weight exactly 0: outputs up to t do not change, bit for
+    bit, when keys and values after t change."""
+    q, k, v = qkv(30, dtype=dtype)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 13:, :] = 50.0 * torch.randn_like(k2[..., 13:, :])
+    v2[..., 13:, :] = 1e30  # a weight of even 1e-34 would show
+    a = ch07.tiled_attention(q, k, v, True, block_q, block_k)
+    b = ch07.tiled_attention(q, k2, v2, True, block_q, block_k)
+    assert torch.equal(a[..., :13, :], b[..., :13, :])
+    assert not torch.equal(a[..., 13:, :], b[..., 13:, :])
+
+
+def test_tiled_large_scores_do_not_overflow(ch07):
+    """Scores of size 1e4 overflow exp() unless the running max is subtracted."""
+    q, k, v = qkv(50, dtype=torch.float32)
+    q = q * 300.0
+    got = ch07.tiled_attention(q, k, v, block_q=8, block_k=8)
+    assert torch.isfinite(got).all()
+    assert_close(got, ch07.attention_torch(q, k, v), rtol=0, atol=1e-4)
+
+
+def test_tiled_float32_at_benchmark_shape(ch07):
+    """8 heads, d = 64, T = 1000 (not a multiple of the default tile)."""
+    q, k, v = qkv(1000, d=64, batch=(1, 8), dtype=torch.float32)
+    for causal in (False, True):
+        assert_close(
+            ch07.tiled_attention(q, k, v, causal),
+            ch07.attention_torch(q, k, v, causal),
+            rtol=0,
+            atol=1e-5,
+        )
+
+
+def test_tiled_lse_is_logsumexp_of_scaled_scores(ch07):
+    q, k, v = qkv(30, S=45)
+    _, lse = ch07.tiled_attention(
+        q, k, v, block_q=7, block_k=11, return_lse=True
+    )
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    assert_close(lse, torch.logsumexp(scores, dim=-1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_all_programs_agree(ch07, causal):
+    q, k, v = qkv(40, S=40, d=6, d_v=4)
+    expected = ch07.attention_torch(q, k, v, causal).numpy()
+    arrays = [t.numpy() for t in (q, k, v)]
+    assert_allclose(
+        ch07.attention_loop(*arrays, causal), expected, rtol=0, atol=1e-12
+    )
+    assert_allclose(
+        ch07.attention_numpy(*arrays, causal), expected, rtol=0, atol=1e-12
+    )
+    assert_allclose(
+        ch07.attention_sdpa(q, k, v, causal).numpy(),
+        expected,
+        rtol=0,
+        atol=1e-12,
+    )
+
+
+# --- the tile schedule ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "L, S, bq, bk",
+    [(100, 100, 7, 13), (64, 64, 16, 16), (10, 30, 4, 3), (30, 10, 1, 1)],
+)
+def test_tile_schedule_covers_exactly_the_visible_pairs(ch07, L, S, bq, bk):
+    for causal in (False, True):
+        covered = np.zeros((L, S), dtype=int)
+        for i0, i1, j0, j1, needs_mask in ch07.tile_schedule(
+            L, S, bq, bk, causal
+        ):
+            covered[i0:i1, j0:j1] += 1
+            block_future = (
+                np.arange(j0, j1)[None, :] > np.arange(i0, i1)[:, None]
+            )
+            assert needs_mask == (causal and block_future.any())
+        visible = np.tri(L, S, dtype=bool) if causal else np.ones((L, S), bool)
+        # every visible pair is in exactly one tile; a skipped tile has no
+        # visible pair (tiles that are kept may contain masked pairs)
+        assert (covered[visible] == 1).all()
+        assert covered.max() == 1
+
+
+def test_causal_tile_counts(ch07):
+    assert len(ch07.tile_schedule(4096, 4096, 128, 512)) == 256
+    assert len(ch07.tile_schedule(4096, 4096, 128, 512, causal=True)) == 144
+    assert len(ch07.tile_schedule(2048, 2048, 128, 512, causal=True)) == 40
+
+
+# --- the online softmax ---------------------------------------------------------
+
+rows = st.integers(1, 30).flatmap(
+    lambda n: st.tuples(
+        st.lists(
+            st.floats(-1e4, 1e4, allow_nan=False) | st.just(-np.inf),
+            min_size=n,
+            max_size=n,
+        ).filter(lambda r: any(np.isfinite(r))),
+        st.lists(st.integers(1, n), max_size=6),
+    )
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows)
+def test_online_softmax_of_a_stream_equals_softmax_of_the_row(ch07, row_cuts):
+    row, cuts = row_cuts
+    row = np.array(row)
+    chunks = [
+        c for c in np.split(row, sorted(set(c for c in cuts if c < len(row))))
+    ]
+    got = ch07.online_softmax(chunks)
+    assert_allclose(got, scipy_softmax(row), rtol=0, atol=1e-14)
+    assert (got[np.isneginf(row)] == 0).all()
+
+
+def test_online_softmax_rows_with_leading_minus_inf(ch07):
+    """A row whose first chunks are all -inf (the 0-shift convention)."""
+    rows = np.array(
+        [
+            [-np.inf, -np.inf, -np.inf, 2.0, -np.inf, 1.0],
+            [0.5, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf],
+            [-700.0, -np.inf, 700.0, -np.inf, 3.0, 3.0],
+        ]
+    )
+    chunks = np.split(rows, [1, 2, 3, 5], axis=-1)
+    assert_allclose(
+        ch07.online_softmax(chunks),
+        scipy_softmax(rows, axis=-1),
+        rtol=0,
+        atol=1e-15,
+    )
+    m, ell = next(iter(ch07.running_max_and_sum(chunks)))
+    assert list(m) == [-np.inf, 0.5, -700.0] and list(ell) == [0.0, 1.0, 1.0]
+
+
+def test_running_max_and_sum_invariant(ch07):
+    rng = np.random.default_rng(3)
+    row = rng.normal(scale=30.0, size=50)
+    chunks = np.split(row, [3, 10, 11, 30])
+    seen = 0
+    for chunk, (m, ell) in zip(chunks, ch07.running_max_and_sum(chunks)):
+        seen += len(chunk)
+        assert m == row[:seen].max()
+        assert_allclose(ell, np.exp(row[:seen] - m).sum(), rtol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "chunks, message",
+    [
+        ([], "empty"),
+        ([[-np.inf, -np.inf], [-np.inf]], "entirely -inf"),
+        ([[1.0, np.nan]], "NaN"),
+        ([[1.0], [np.inf]], r"\+inf"),
+        ([[1.0], []], "at least one score"),
+        ([np.zeros((2, 3)), np.zeros((3, 3))], "leading shape"),
+    ],
+)
+def test_online_softmax_rejects_bad_streams(ch07, chunks, message):
+    with pytest.raises(ValueError, match=message):
+        ch07.online_softmax(chunks)
+
+
+# --- bad inputs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn", ["tiled_attention", "attention_torch", "attention_sdpa"]
+)
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((4, 3), (4, 2), (4, 3)), "same size d: q has 3, k has 2"),
+        (((4, 3), (4, 3), (5, 3)), "k has 4 positions, v has 5"),
+        (((3,), (4, 3), (4, 3)), r"q must have shape .* got \(3,\)"),
+        (
+            ((2, 4, 3), (3, 4, 3), (3, 4, 3)),
+            "batch and head dimensions differ",
+        ),
+        (((4, 3), (0, 3), (0, 3)), "at least one key"),
+    ],
+)
+def test_bad_shapes_raise(ch07, fn, shapes, message):
+    q, k, v = (torch.ones(s) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        getattr(ch07, fn)(q, k, v)
+
+
+@pytest.mark.parametrize("fn", ["attention_loop", "attention_numpy"])
+def test_numpy_programs_check_inputs(ch07, fn):
+    with pytest.raises(ValueError, match="same size d"):
+        getattr(ch07, fn)(np.ones((4, 3)), np.ones((4, 2)), np.ones((4, 3)))
+    with pytest.raises(ValueError, match="floating point"):
+        getattr(ch07, fn)(
+            np.ones((4, 3), int), np.ones((4, 3), int), np.ones((4, 3), int)
+        )
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        getattr(ch07, fn)(
+            np.full((4, 3), np.nan), np.ones((4, 3)), np.ones((4, 3))
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"block_q": 0}, "block_q must be a positive integer, got 0"),
+        ({"block_k": -3}, "block_k must be a positive integer"),
+        ({"block_q": 2.5}, "block_q must be a positive integer, got 2.5"),
+        ({"block_k": True}, "block_k must be a positive integer"),
+    ],
+)
+def test_tiled_rejects_bad_block_sizes(ch07, kwargs, message):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match=message):
+        ch07.tiled_attention(q, k, v, **kwargs)
+
+
+def test_tiled_rejects_bad_tensors(ch07):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ch07.tiled_attention(q.clone().fill_(float("nan")), k, v)
+    with pytest.raises(ValueError, match="one dtype"):
+        ch07.tiled_attention(q.float(), k, v)
+    with pytest.raises(ValueError, match="floating point"):
+        ch07.tiled_attention(*(t.long() for t in (q, k, v)))
+    with pytest.raises(ValueError, match="torch tensors"):
+        ch07.tiled_attention(q.numpy(), k, v)
+
+
+def test_cost_model(ch07):
+    assert ch07.attention_cost(4096) == (4 * 4096**2 * 64 * 8, 4 * 4096**2 * 8)
+    assert ch07.tiled_bytes(4096) == 4 * (
+        8 * 128 * 512 + 8 * 4096 * (3 * 64 + 2)
+    )
+
+
+# --- the benchmark script ------------------------------------------------------------
+
+
+def test_benchmark_script_runs_end_to_end(tmp_path):
+    csv, png = tmp_path / "bench.csv", tmp_path / "bench.png"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_attention.py"),
+            "--sizes",
+            "24",
+            "40",
+            "--heads",
+            "2",
+            "--d",
+            "8",
+            "--loop-max",
+            "24",
+            "--min-repeats",
+            "1",
+            "--max-repeats",
+            "2",
+            "--max-seconds",
+            "0.01",
+            "--matmul-size",
+            "64",
+            "--block-q",
+            "16",
+            "--block-k",
+            "16",
+            "--csv",
+            str(csv),
+            "--png",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    df = pd.read_csv(csv)
+    names = {
+        "loop (NumPy)",
+        "NumPy",
+        "PyTorch by hand",
+        "F.scaled_dot_product_attention",
+        "tiled (ours)",
+        "F.scaled_dot_product_attention, causal",
+        "tiled (ours), causal",
+    }
+    assert set(df["implementation"]) == names | {"matmul ceiling"}
+    timed = df[df["implementation"] != "matmul ceiling"]
+    assert len(timed) == 7 + 6  # the loop only at T = 24
+    assert (timed["median_ms"] > 0).all() and (timed["gflop_per_s"] > 0).all()
+    assert timed["peak_extra_mib"].notna().all()
+    assert png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "tiled / SDPA throughput" in result.stdout
+
+
+def test_benchmark_script_catches_a_wrong_program(tmp_path):
+    """The script refuses to time a program whose output is wrong."""
+    script = (ROOT / "tools" / "bench_attention.py").read_text()
+    root_line = "ROOT = Path(__file__).resolve().parents[1]"
+    call_line = "    return lambda: fn(*inputs, causal=causal, **kwargs)"
+    assert root_line in script and call_line in script
+    broken = tmp_path / "bench_broken.py"
+    broken.write_text(
+        script.replace(root_line, f"ROOT = Path({str(ROOT)!r})").replace(
+            call_line,
+            '    if name == "NumPy":\n'
+            "        return lambda: fn(*inputs) + 1\n" + call_line,
+        )
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(broken),
+            "--sizes",
+            "24",
+            "--heads",
+            "1",
+            "--d",
+            "4",
+            "--no-memory",
+            "--matmul-size",
+            "32",
+            "--min-repeats",
+            "1",
+            "--max-repeats",
+            "1",
+            "--csv",
+            str(tmp_path / "x.csv"),
+            "--png",
+            str(tmp_path / "x.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode != 0
+    assert "NumPy differs from PyTorch by hand" in result.stderr
+    assert not (tmp_path / "x.csv").exists()
