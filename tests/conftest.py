@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from importnb import Notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,14 +52,29 @@ def ch01():
 
 
 @pytest.fixture(scope="session")
-def built_site():
-    """Build the site once per test session, as `make book` does."""
+def built_site(tmp_path_factory):
+    """Build the site once per test session, with warnings as errors.
+
+    The pages are built from the notebooks' stored outputs (execution off):
+    nbval, earlier in the same `make test`, has re-executed every notebook
+    and proved that a fresh run prints exactly those outputs, so executing
+    them a second time here would only double the time. `make book` builds
+    the same pages by executing the notebooks.
+    """
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    config["execute"]["execute_notebooks"] = "off"
+    # the configuration file moves: make its relative paths absolute
+    extensions = config["sphinx"]["local_extensions"]
+    for name, folder in extensions.items():
+        extensions[name] = str(ROOT / folder)
+    path = tmp_path_factory.mktemp("config") / "_config.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
     jb = Path(sys.executable).parent / "jupyter-book"
-    result = subprocess.run(
-        [str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"],
+    return subprocess.run(
+        [str(jb), "build", str(ROOT), "--config", str(path)]
+        + ["-W", "-n", "--keep-going"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=3600,
     )
-    return result
