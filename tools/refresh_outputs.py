@@ -13,6 +13,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+ROOT = Path(__file__).resolve().parents[1]
+
 KERNELSPEC = {
     "display_name": "Python 3 (ipykernel)",
     "language": "python",
@@ -40,6 +42,17 @@ def merge_streams(outputs):
     return merged
 
 
+def relative_tracebacks(outputs):
+    """Show library files in a stored traceback relative to the repository
+    (`.venv/lib/...`), not by this machine's absolute path."""
+    for out in outputs:
+        if out.get("output_type") == "error":
+            out["traceback"] = [
+                line.replace(f"{ROOT}/", "") for line in out["traceback"]
+            ]
+    return outputs
+
+
 def refresh(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -55,7 +68,7 @@ def refresh(path: Path) -> None:
     nb.metadata.pop("jupytext", None)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.outputs = merge_streams(cell.outputs)
+            cell.outputs = relative_tracebacks(merge_streams(cell.outputs))
         cell.metadata.pop("execution", None)
         cell.metadata.pop("ExecuteTime", None)
     nbformat.validate(nb)
