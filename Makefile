@@ -20,7 +20,7 @@ help:
 	@echo "make test     the whole suite: nbval (strict), tests/, warnings-as-errors build"
 	@echo "make lint     ruff (code and notebooks), codespell (prose), actionlint (CI workflow)"
 	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
-	@echo "make bench    time chapter 7's attention programs (book/data/bench_attention.csv, book/images/bench_attention.png)"
+	@echo "make bench    chapter 7's attention timings (book/data/bench_attention.csv, .png); chapter 6's training times"
 	@echo "make screenshots  a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
 
@@ -76,9 +76,11 @@ outputs: $(STAMP)
 
 # Chapter 7's measurements: median time, GFLOP/s and peak extra memory of
 # each attention program for T = 256 ... 4096 (a few minutes; run it on a
-# quiet machine, then `make outputs NB=book/07_efficient_attention.ipynb`).
+# quiet machine, then `make outputs NB=book/07_efficient_attention.ipynb`);
+# then chapter 6's training times (printed only).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
+	$(BIN)/python tools/bench_sentiment.py
 
 # Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
 screenshots: html
