@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import SOURCE_003_ATTENTION
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -113,12 +114,7 @@ def test_the_source_numbers(ch01):
     out, w = ch01.attention_matrix(X @ W_Q, X @ W_K, X @ W_V)
     assert_allclose(
         out,
-        [
-            [0.98522025, 1.74174051, 0.75652026],
-            [0.90965265, 1.40965265, 0.5],
-            [0.99851226, 1.75849334, 0.75998108],
-            [0.99560386, 1.90407309, 0.90846923],
-        ],
+        SOURCE_003_ATTENTION,
         rtol=0,
         atol=1e-8,
     )

@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import BOOK, load_chapter
+from conftest import BOOK, SOURCE_003_ATTENTION, load_chapter
 from numpy.testing import assert_allclose, assert_array_equal
 
 NOTEBOOK = "02_translations.ipynb"
@@ -434,12 +434,7 @@ def test_julia_block_on_chapter_1_words(ch02):
     )
     assert_allclose(
         z.T,
-        [
-            [0.98522025, 1.74174051, 0.75652026],
-            [0.90965265, 1.40965265, 0.5],
-            [0.99851226, 1.75849334, 0.75998108],
-            [0.99560386, 1.90407309, 0.90846923],
-        ],
+        SOURCE_003_ATTENTION,
         rtol=0,
         atol=1e-8,
     )

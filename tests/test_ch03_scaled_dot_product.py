@@ -4,9 +4,8 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from conftest import load_chapter
+from conftest import load_chapter, source_004_qkv
 from torch.testing import assert_close
 
 SOURCE_WEIGHTS = [
@@ -31,17 +30,6 @@ def ch03():
     return load_chapter("03_scaled_dot_product.ipynb")
 
 
-def source_qkv():
-    """The source's tensors, in its statement order."""
-    torch.manual_seed(89)
-    x = torch.randn((1, 3, 5))
-    layers = [
-        nn.Linear(5, 16, bias=False) for _ in range(3)
-    ]  # query, key, value
-    with torch.no_grad():
-        return tuple(layer(x) for layer in layers)
-
-
 def random_case(seed):
     """Random batch/head dims, lengths and sizes; q, k, v in float32."""
     g = torch.Generator().manual_seed(seed)
@@ -57,7 +45,7 @@ def random_case(seed):
 
 
 def test_source_numbers(ch03):
-    Q, K, V = source_qkv()
+    Q, K, V = source_004_qkv()
     out, w = ch03.scaled_dot_product_attention(Q, K, V)
     assert_close(w, torch.tensor([SOURCE_WEIGHTS]), rtol=0, atol=5e-5)
     assert_close(w.sum(-1), torch.ones(1, 3), rtol=0, atol=1e-6)
@@ -69,7 +57,7 @@ def test_source_numbers(ch03):
 
 
 def test_saturation_numbers_are_deterministic(ch03):
-    Q, K, _ = source_qkv()
+    Q, K, _ = source_004_qkv()
     scores = (Q @ K.transpose(-2, -1) * 16**-0.5)[0]
     multipliers = [0.25, 1, 4, 12, 32, 128]
     first = ch03.saturation_curve(scores, multipliers)
@@ -193,7 +181,7 @@ def test_padding_leaves_real_outputs_unchanged(ch03, n_pad):
 
 
 def test_fully_masked_row_raises(ch03):
-    Q, K, V = source_qkv()
+    Q, K, V = source_004_qkv()
     mask = torch.ones(3, 3, dtype=torch.bool)
     mask[1] = False
     with pytest.raises(ValueError, match="every key masked"):

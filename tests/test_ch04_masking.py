@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from conftest import load_chapter
+from conftest import load_chapter, source_004_qkv
 from torch.testing import assert_close
 
 
@@ -18,13 +17,7 @@ def randn(generator, *shape):
 
 
 def test_source_masked_weights(ch04):
-    torch.manual_seed(89)
-    x = torch.randn((1, 3, 5))
-    layers = [
-        nn.Linear(5, 16, bias=False) for _ in range(3)
-    ]  # query, key, value
-    with torch.no_grad():
-        Q, K, V = (layer(x) for layer in layers)
+    Q, K, V = source_004_qkv()
     _, w = ch04.masked_attention(Q, K, V, mask=ch04.causal_mask(3))
     assert_close(
         w,
