@@ -1,34 +1,21 @@
-"""Shared test helpers: load a chapter's own definitions from its notebook."""
+"""Shared test fixtures. Chapters are loaded with tools/chapter_loader.py, the
+loader that tools/ uses too: a chapter's definitions and its UPPER_CASE
+literal constants (the numbers its source printed) are the tests' only source
+of chapter code and source numbers."""
 
+import json
+import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
-from importnb import Notebook
 
-ROOT = Path(__file__).resolve().parents[1]
-BOOK = ROOT / "book"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from chapter_loader import BOOK, ROOT, load_chapter
 
-# Chapters import shared helpers (book/plots.py) the way a reader's kernel
-# does, from the notebook's own folder.
-if str(BOOK) not in sys.path:
-    sys.path.insert(0, str(BOOK))
-
-
-class ChapterLoader(Notebook):
-    """importnb's notebook loader, with markdown cells turned into comments.
-
-    importnb normally keeps markdown as string literals; TeX in the prose
-    (`\\underbrace`, `\\frac`) is then read as Python escapes and can even
-    stop the import. As comments the prose cannot affect the code.
-    """
-
-    def markdown(self, text):
-        return textwrap.indent(text, "# ")
-
+__all__ = ["BOOK", "ROOT", "load_chapter", "require_system_tool"]
 
 # The attention table printed by Cristina's post (chapters 1 and 2 reproduce it)
 SOURCE_003_ATTENTION = [
@@ -52,20 +39,19 @@ def source_004_qkv():
         return tuple(layer(x) for layer in layers)
 
 
-def load_chapter(filename):
-    """Import the functions, classes and imports of a chapter notebook.
+def require_system_tool(found, what, install):
+    """Skip a test that needs a system program, or fail under CI.
 
-    Only definitions are executed (importnb's include_non_defs=False,
-                              include_markdown_docstring=False), so the
-    tests exercise exactly the code the chapter prints, without re-running
-    the chapter's demonstrations.
+    On a reader's machine a missing R or Chromium skips the test with a reason
+    that says what to install. Under CI (`CI=true`) it is a failure, so CI
+    can never pass by skipping what it is meant to check.
     """
-    return ChapterLoader.load_file(
-        str(BOOK / filename),
-        main=False,
-        include_non_defs=False,
-        include_markdown_docstring=False,
-    )
+    if found:
+        return
+    message = f"{what} is not installed: install it with `{install}`"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -73,23 +59,15 @@ def ch01():
     return load_chapter("01_general_attention.ipynb")
 
 
-@pytest.fixture(scope="session")
-def built_site(tmp_path_factory):
-    """Build the site once per test session, with warnings as errors.
-
-    The pages are built from the notebooks' stored outputs (execution off):
-    nbval, earlier in the same `make test`, has re-executed every notebook
-    and proved that a fresh run prints exactly those outputs, so executing
-    them a second time here would only double the time. `make book` builds
-    the same pages by executing the notebooks.
-    """
+def build_site(tmp_dir):
+    """Build the site with warnings as errors, from the stored outputs."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     config["execute"]["execute_notebooks"] = "off"
     # the configuration file moves: make its relative paths absolute
     extensions = config["sphinx"]["local_extensions"]
     for name, folder in extensions.items():
         extensions[name] = str(ROOT / folder)
-    path = tmp_path_factory.mktemp("config") / "_config.yml"
+    path = Path(tmp_dir) / "_config.yml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     jb = Path(sys.executable).parent / "jupyter-book"
     return subprocess.run(
@@ -100,3 +78,41 @@ def built_site(tmp_path_factory):
         text=True,
         timeout=3600,
     )
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory, worker_id):
+    """Build the site once per test run, with warnings as errors.
+
+    The pages are built from the notebooks' stored outputs (execution off):
+    nbval, in the same `make test`, re-executes every notebook and proves
+    that a fresh run prints exactly those outputs, so executing them a second
+    time here would only double the time. `make book` builds the same pages
+    by executing the notebooks.
+
+    Under pytest-xdist several workers may ask for the site: the first one
+    builds it (under a file lock) and leaves the result for the others.
+    """
+    if worker_id == "master":  # not running under xdist
+        return build_site(tmp_path_factory.mktemp("config"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent
+    result_file = shared / "built_site.json"
+    with FileLock(str(shared / "built_site.lock")):
+        if result_file.is_file():
+            data = json.loads(result_file.read_text(encoding="utf-8"))
+            return subprocess.CompletedProcess(**data)
+        result = build_site(tmp_path_factory.mktemp("config"))
+        result_file.write_text(
+            json.dumps(
+                {
+                    "args": result.args,
+                    "returncode": result.returncode,
+                    "stdout": result.stdout,
+                    "stderr": result.stderr,
+                }
+            ),
+            encoding="utf-8",
+        )
+        return result

@@ -12,21 +12,20 @@ STORED = "0.98522025 1.74174051 0.75652026"
 
 
 def run_nbval(path):
+    """nbval on one notebook, with the flags of pyproject.toml (make test's)."""
     return subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
-            "-p",
-            "no:cacheprovider",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(ROOT),
             "-q",
-            "--nbval",
-            "--nbval-current-env",
-            "--nbval-sanitize-with",
-            str(ROOT / "tests" / "nbval_sanitize.cfg"),
             str(path),
         ],
-        cwd=path.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

@@ -10,10 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "book"))
-from conftest import BOOK, load_chapter  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chapter_loader import BOOK, load_chapter
 
 
 def timed(label, fn):

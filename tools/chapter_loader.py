@@ -1,0 +1,93 @@
+"""Load a chapter's own code from its notebook: the one loader that tests/ and
+tools/ share.
+
+Only what a chapter *defines* is executed: its imports, functions and classes,
+and its UPPER_CASE constants written as literals (for example
+``SOURCE_ATTENTION = [[0.98522025, ...]]``, the numbers a source printed).
+The chapter's demonstrations, training runs and figures are not re-run, so a
+test exercises exactly the code the book prints, and reads each source number
+from the one place that states it.
+
+Usage::
+
+    from chapter_loader import load_chapter
+    ch01 = load_chapter("01_general_attention.ipynb")
+    ch01.softmax(...), ch01.SOURCE_ATTENTION
+"""
+
+import ast
+import sys
+import textwrap
+from pathlib import Path
+
+from importnb import Notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+
+# Chapters import shared helpers (book/plots.py) the way a reader's kernel
+# does, from the notebook's own folder.
+if str(BOOK) not in sys.path:
+    sys.path.insert(0, str(BOOK))
+
+DEFINITIONS = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+)
+
+
+def is_constant(node):
+    """True for `NAME = <literal>` where every target is an UPPER_CASE name."""
+    if isinstance(node, ast.Assign):
+        targets, value = node.targets, node.value
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+        targets, value = [node.target], node.value
+    else:
+        return False
+    if not all(
+        isinstance(t, ast.Name) and t.id.isupper() and not t.id.startswith("_")
+        for t in targets
+    ):
+        return False
+    try:
+        ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def kept(node):
+    """What the loader executes: definitions and literal constants."""
+    return isinstance(node, DEFINITIONS) or is_constant(node)
+
+
+class ChapterLoader(Notebook):
+    """importnb's notebook loader, keeping definitions and literal constants.
+
+    Markdown cells become comments: importnb normally keeps them as string
+    literals, and TeX in the prose (`\\underbrace`, `\\frac`) would then be
+    read as Python escapes and could even stop the import.
+    """
+
+    def markdown(self, text):
+        return textwrap.indent(text, "# ")
+
+    def visit(self, nodes):
+        body = [node for node in nodes.body if kept(node)]
+        return ast.Module(body=body, type_ignores=nodes.type_ignores)
+
+
+def load_chapter(filename):
+    """Import the definitions and constants of `book/<filename>`."""
+    path = BOOK / filename
+    if not path.is_file():
+        raise ValueError(f"no chapter notebook {path.relative_to(ROOT)}")
+    return ChapterLoader.load_file(
+        str(path),
+        main=False,
+        include_non_defs=False,
+        include_markdown_docstring=False,
+    )

@@ -1,0 +1,158 @@
+"""`make test-portable`: nbval (strict) over every notebook under CPU code paths
+other than this machine's default, to prove that no compared output depends
+on the instruction set, the BLAS kernel or the number of threads.
+
+Variants:
+- generic: PyTorch's generic kernels (ATEN_CPU_CAPABILITY=default), NumPy's
+  OpenBLAS on a generic x86-64 core (OPENBLAS_CORETYPE=Prescott), NumPy's own
+  SIMD loops switched off (NPY_DISABLE_CPU_FEATURES), MKL in its compatible
+  mode (MKL_CBWR=COMPATIBLE), one thread;
+- two-threads: this machine's default code paths with two threads.
+
+Before each run, a probe started with the same environment prints what the
+libraries report, and the run stops if a variable did not take effect (the
+notebook kernels inherit the same environment).
+
+Usage: python tools/test_portable.py [--jobs N] [--only VARIANT] [NOTEBOOK ...]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+PROBE = r"""
+import json
+import numpy
+import threadpoolctl
+import torch
+from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+print(json.dumps({
+    "torch_capability": torch.backends.cpu.get_cpu_capability(),
+    "torch_threads": torch.get_num_threads(),
+    "torch_mkl": torch.backends.mkl.is_available(),
+    "numpy_simd": [f for f in __cpu_dispatch__ if __cpu_features__.get(f)],
+    "openblas": [(i.get("architecture"), i["num_threads"]) for i in blas],
+}))
+"""
+
+
+def probe(env):
+    """What torch, NumPy and OpenBLAS report in a process with `env`."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def variants(default):
+    """The environment changes of each variant, and what the probe must see."""
+    generic = {
+        "ATEN_CPU_CAPABILITY": "default",
+        "OPENBLAS_CORETYPE": "Prescott",
+        "MKL_CBWR": "COMPATIBLE",
+        # NumPy refuses to disable a feature it does not dispatch to
+        "NPY_DISABLE_CPU_FEATURES": " ".join(default["numpy_simd"]),
+        **dict.fromkeys(THREADS, "1"),
+    }
+    if not generic["NPY_DISABLE_CPU_FEATURES"]:
+        del generic["NPY_DISABLE_CPU_FEATURES"]
+
+    def generic_ok(p):
+        return (
+            p["torch_capability"] == "DEFAULT"
+            and p["torch_threads"] == 1
+            and p["numpy_simd"] == []
+            and all(
+                arch in ("Prescott", "Katmai") and n == 1
+                for arch, n in p["openblas"]
+            )
+        )
+
+    def two_threads_ok(p):
+        return (
+            p["torch_capability"] == default["torch_capability"]
+            and p["torch_threads"] == 2
+            and all(n == 2 for _, n in p["openblas"])
+        )
+
+    return {
+        "generic": (generic, generic_ok),
+        "two-threads": (dict.fromkeys(THREADS, "2"), two_threads_ok),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("notebooks", nargs="*")
+    args = parser.parse_args(argv)
+    notebooks = args.notebooks or sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "book").glob("*.ipynb")
+    )
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in THREADS
+        and k
+        not in (
+            "ATEN_CPU_CAPABILITY",
+            "OPENBLAS_CORETYPE",
+            "MKL_CBWR",
+            "NPY_DISABLE_CPU_FEATURES",
+        )
+    }
+    default = probe(clean)
+    print(f"this machine's default code paths: {json.dumps(default)}")
+    failed, times = [], {}
+    for name, (changes, took_effect) in variants(default).items():
+        if args.only and name not in args.only:
+            continue
+        env = {**clean, **changes}
+        seen = probe(env)
+        print(
+            f"\n=== variant {name}: {' '.join(f'{k}={v}' for k, v in changes.items())}"
+        )
+        print(f"    the libraries report: {json.dumps(seen)}", flush=True)
+        if not took_effect(seen):
+            print(f"    the variables of variant {name} did not take effect")
+            failed.append(name)
+            continue
+        command = [sys.executable, "-m", "pytest", "-q", *notebooks]
+        if args.jobs > 1:
+            command += ["-n", str(args.jobs), "--dist", "loadscope"]
+        start = time.perf_counter()
+        result = subprocess.run(command, env=env, cwd=ROOT)
+        times[name] = time.perf_counter() - start
+        print(
+            f"    variant {name}: nbval took {times[name]:.0f} s", flush=True
+        )
+        if result.returncode != 0:
+            failed.append(name)
+    print(
+        "\ntest-portable: "
+        + ", ".join(f"{name} {t:.0f} s" for name, t in times.items())
+    )
+    if failed:
+        print(f"test-portable FAILED: {', '.join(failed)}")
+        return 1
+    print("test-portable: every stored output reproduced under every variant")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
