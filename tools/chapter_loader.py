@@ -80,11 +80,62 @@ class ChapterLoader(Notebook):
         return ast.Module(body=body, type_ignores=nodes.type_ignores)
 
 
-def load_chapter(filename):
-    """Import the definitions and constants of `book/<filename>`."""
+def run_chapter(path):
+    """Execute every code cell of a notebook top to bottom in a new module,
+    as a fresh kernel would, from the notebook's folder, with printed output
+    discarded and figures drawn off screen. A cell tagged `raises-exception`
+    must raise (its error is the lesson) and the run goes on."""
+    import contextlib
+    import io
+    import json
+    import types
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    module = types.ModuleType(path.stem)
+    module.__file__ = str(path)
+    with contextlib.chdir(path.parent):
+        for i, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            code = compile(
+                "".join(cell["source"]), f"{path.name}:cell{i}", "exec"
+            )
+            expected_error = "raises-exception" in cell["metadata"].get(
+                "tags", []
+            )
+            with contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    exec(code, module.__dict__)
+                except Exception:
+                    if not expected_error:
+                        raise
+                else:
+                    if expected_error:
+                        raise AssertionError(
+                            f"cell {i} of {path.name} did not raise"
+                        )
+            plt.close("all")
+    return module
+
+
+def load_chapter(filename, run_all=False):
+    """Import the definitions and constants of `book/<filename>`.
+
+    With run_all=True every code cell runs instead (see run_chapter), and
+    the module holds every variable the chapter computes: for a test that
+    needs a chapter's own intermediate results, not a copy of the code that
+    makes them.
+    """
     path = BOOK / filename
     if not path.is_file():
         raise ValueError(f"no chapter notebook {path.relative_to(ROOT)}")
+    if run_all:
+        return run_chapter(path)
     return ChapterLoader.load_file(
         str(path),
         main=False,
