@@ -16,7 +16,7 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope)
 
 .PHONY: help venv book html test test-portable test-notebooks test-code lint \
-        outputs bench screenshots clean distclean
+        outputs bench screenshots linkcheck clean distclean
 
 help:
 	@echo "make book     create .venv, install, execute every notebook, build the HTML"
@@ -53,13 +53,20 @@ html: $(STAMP)
 
 book: html
 
-# The whole suite in one pytest run, so that it ends on one summary line:
-# - nbval in strict mode: every stored text output of every notebook must be
-#   reproduced exactly by a fresh kernel;
-# - tests/: unit, property and equivalence tests of the chapters' own code;
-# - tests/test_book_build.py: the site builds with Sphinx warnings as errors.
+# The whole suite:
+# - lint (ruff, codespell, the CI files' schemas);
+# - the site, built from the stored outputs with Sphinx warnings as errors
+#   (tools/build_site.py); every chapter's download zip unpacked into an
+#   empty folder of its own (tools/stage_downloads.py);
+# - one pytest run, so that it ends on one summary line: nbval in strict mode
+#   on every chapter AS DOWNLOADED (every stored text output reproduced
+#   exactly by a fresh kernel that has nothing but the zip's files), and
+#   tests/: the chapters' own code, the site's pages (built, and opened in
+#   Chromium), the zips, R's output against the book's.
 test: lint
-	$(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS) tests
+	$(BIN)/python tools/build_site.py
+	$(BIN)/python tools/stage_downloads.py
+	BOOK_SITE_BUILT=1 $(BIN)/python -m pytest $(XDIST) _build/downloads/*/*.ipynb tests
 
 # The stored outputs again, under other CPU code paths (tools/test_portable.py):
 # no printed digit may depend on the processor or the thread count.
@@ -80,6 +87,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check
 	$(BIN)/python tools/spellcheck.py
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
 
 # Re-execute notebooks top to bottom in a fresh kernel and store the outputs
 # (no timestamps: a second run gives no diff).
@@ -93,6 +101,10 @@ outputs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_sentiment.py
+
+# External links of the pages built from the stored outputs (needs a network).
+linkcheck: $(STAMP)
+	$(BIN)/python tools/build_site.py --linkcheck
 
 # Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
 screenshots: html
