@@ -19,16 +19,19 @@ XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope)
         outputs bench screenshots linkcheck clean distclean
 
 help:
-	@echo "make book     create .venv, install, execute every notebook, build the HTML"
-	@echo "make test     the whole suite: lint, nbval (strict), tests/, the warnings-as-errors"
-	@echo "              build and the browser test (Chromium) and R comparisons (skipped,"
-	@echo "              with the reason, where Chromium or R is missing; failures under CI=true)"
+	@echo "make book           create .venv, install, execute every notebook (cached), build _build/html"
+	@echo "make test           lint, the site (warnings as errors), nbval (strict) on every chapter as"
+	@echo "                    downloaded, tests/ with the browser test (Chromium) and R's output; a"
+	@echo "                    missing Chromium or R skips those tests (and fails them under CI=true)"
 	@echo "make test-portable  nbval again under generic CPU code paths and with two threads"
-	@echo "make lint     ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
-	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
-	@echo "make bench    chapter 7's attention timings (book/data/bench_attention.csv, .png); chapter 6's training times"
-	@echo "make screenshots  a PNG of every page, light and dark, in _build/screenshots/"
-	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
+	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
+	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
+	@echo "make bench          chapter 7's attention timings and chapter 6's training times"
+	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
+	@echo "make linkcheck      check the external links of the pages (needs a network)"
+	@echo "make test-notebooks / test-code   the nbval part / the tests/ part alone"
+	@echo "make clean          remove _build and caches (make distclean also removes .venv)"
+	@echo "JOBS=N              test processes (default: one per core, at most 4)"
 
 # The virtual environment, rebuilt when requirements.txt changes. A missing
 # Python 3.11 or venv module stops here with one line that says what to install.
