@@ -1,14 +1,13 @@
 """Chapter 1: the softmax and attention functions defined in the notebook.
 
-Every source number comes from the chapter itself: its UPPER_CASE constants
-(what the source printed, and the seed-42 matrices) and, for the input words,
-the chapter run top to bottom. This file holds no source number.
+Every source number comes from the chapter itself, through its UPPER_CASE
+constants (the source's words, what it printed, the seed-42 matrices): this
+file holds no source number.
 """
 
 import numpy as np
 import pytest
 import torch
-from conftest import load_chapter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -39,16 +38,10 @@ def qkv(seed, n_q=5, n_k=7, d_k=4, d_v=3):
 
 
 @pytest.fixture(scope="module")
-def ch01_run():
-    """The chapter executed top to bottom: its own input matrix X."""
-    return load_chapter("01_general_attention.ipynb", run_all=True)
-
-
-@pytest.fixture(scope="module")
-def seed42_qkv(ch01, ch01_run):
-    """Q, K, V of the source's example: the chapter's words, times the
-    chapter's seed-42 constants."""
-    X = ch01_run.X
+def seed42_qkv(ch01):
+    """Q, K, V of the source's example, from the chapter's constants: its
+    four words times its seed-42 matrices."""
+    X = np.array(ch01.WORDS)
     return tuple(
         X @ np.array(W)
         for W in (ch01.SEED42_W_Q, ch01.SEED42_W_K, ch01.SEED42_W_V)
