@@ -9,6 +9,9 @@ import sys
 
 from conftest import BOOK, ROOT
 
+sys.path.insert(0, str(ROOT / "_ext"))
+from site_extras import chapter_files
+
 NOTEBOOK = "01_general_attention.ipynb"
 STORED = "0.98522025 1.74174051 0.75652026"
 
@@ -34,15 +37,21 @@ def run_nbval(path):
     )
 
 
+def copy_helpers(folder):
+    for rel in chapter_files(BOOK / NOTEBOOK):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(BOOK / rel, folder / rel)
+
+
 def test_changed_stored_number_fails_nbval(tmp_path):
-    # the notebook imports book/plots.py from its own folder
-    shutil.copy(BOOK / "plots.py", tmp_path / "plots.py")
+    # the files the chapter needs beside it (those its download zip holds)
+    copy_helpers(tmp_path)
     nb = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))
 
     # the untouched copy passes, so a failure below is caused by the change
     untouched = tmp_path / "untouched" / NOTEBOOK
     untouched.parent.mkdir()
-    shutil.copy(BOOK / "plots.py", untouched.parent / "plots.py")
+    copy_helpers(untouched.parent)
     untouched.write_text(json.dumps(nb), encoding="utf-8")
     result = run_nbval(untouched)
     assert result.returncode == 0, result.stdout[-2000:]
