@@ -17,27 +17,6 @@ from chapter_loader import BOOK, ROOT, load_chapter
 
 __all__ = ["BOOK", "ROOT", "load_chapter", "require_system_tool"]
 
-# The attention table printed by Cristina's post (chapters 1 and 2 reproduce it)
-SOURCE_003_ATTENTION = [
-    [0.98522025, 1.74174051, 0.75652026],
-    [0.90965265, 1.40965265, 0.5],
-    [0.99851226, 1.75849334, 0.75998108],
-    [0.99560386, 1.90407309, 0.90846923],
-]
-
-
-def source_004_qkv():
-    """Q, K, V of the torch post (chapters 3 and 4), in its statement order:
-    seed 89, then x, then the query, key and value layers."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(89)
-    x = torch.randn((1, 3, 5))
-    layers = [nn.Linear(5, 16, bias=False) for _ in range(3)]
-    with torch.no_grad():
-        return tuple(layer(x) for layer in layers)
-
 
 def require_system_tool(found, what, install):
     """Skip a test that needs a system program, or fail under CI.
