@@ -16,19 +16,22 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope)
 
 .PHONY: help venv book html test test-portable test-notebooks test-code lint \
-        outputs bench screenshots clean distclean
+        outputs bench screenshots linkcheck clean distclean
 
 help:
-	@echo "make book     create .venv, install, execute every notebook, build the HTML"
-	@echo "make test     the whole suite: lint, nbval (strict), tests/, the warnings-as-errors"
-	@echo "              build and the browser test (Chromium) and R comparisons (skipped,"
-	@echo "              with the reason, where Chromium or R is missing; failures under CI=true)"
+	@echo "make book           create .venv, install, execute every notebook (cached), build _build/html"
+	@echo "make test           lint, the site (warnings as errors), nbval (strict) on every chapter as"
+	@echo "                    downloaded, tests/ with the browser test (Chromium) and R's output; a"
+	@echo "                    missing Chromium or R skips those tests (and fails them under CI=true)"
 	@echo "make test-portable  nbval again under generic CPU code paths and with two threads"
-	@echo "make lint     ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
-	@echo "make outputs  re-execute notebooks and rewrite their stored outputs (NB=... for one)"
-	@echo "make bench    chapter 7's attention timings (book/data/bench_attention.csv, .png); chapter 6's training times"
-	@echo "make screenshots  a PNG of every page, light and dark, in _build/screenshots/"
-	@echo "make clean    remove _build and caches (make distclean also removes .venv)"
+	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
+	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
+	@echo "make bench          chapter 7's attention timings and chapter 6's training times"
+	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
+	@echo "make linkcheck      check the external links of the pages (needs a network)"
+	@echo "make test-notebooks / test-code   the nbval part / the tests/ part alone"
+	@echo "make clean          remove _build and caches (make distclean also removes .venv)"
+	@echo "JOBS=N              test processes (default: one per core, at most 4)"
 
 # The virtual environment, rebuilt when requirements.txt changes. A missing
 # Python 3.11 or venv module stops here with one line that says what to install.
@@ -53,13 +56,20 @@ html: $(STAMP)
 
 book: html
 
-# The whole suite in one pytest run, so that it ends on one summary line:
-# - nbval in strict mode: every stored text output of every notebook must be
-#   reproduced exactly by a fresh kernel;
-# - tests/: unit, property and equivalence tests of the chapters' own code;
-# - tests/test_book_build.py: the site builds with Sphinx warnings as errors.
+# The whole suite:
+# - lint (ruff, codespell, the CI files' schemas);
+# - the site, built from the stored outputs with Sphinx warnings as errors
+#   (tools/build_site.py); every chapter's download zip unpacked into an
+#   empty folder of its own (tools/stage_downloads.py);
+# - one pytest run, so that it ends on one summary line: nbval in strict mode
+#   on every chapter AS DOWNLOADED (every stored text output reproduced
+#   exactly by a fresh kernel that has nothing but the zip's files), and
+#   tests/: the chapters' own code, the site's pages (built, and opened in
+#   Chromium), the zips, R's output against the book's.
 test: lint
-	$(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS) tests
+	$(BIN)/python tools/build_site.py
+	$(BIN)/python tools/stage_downloads.py
+	BOOK_SITE_BUILT=1 $(BIN)/python -m pytest $(XDIST) _build/downloads/*/*.ipynb tests
 
 # The stored outputs again, under other CPU code paths (tools/test_portable.py):
 # no printed digit may depend on the processor or the thread count.
@@ -80,6 +90,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check
 	$(BIN)/python tools/spellcheck.py
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
 
 # Re-execute notebooks top to bottom in a fresh kernel and store the outputs
 # (no timestamps: a second run gives no diff).
@@ -93,6 +104,10 @@ outputs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_sentiment.py
+
+# External links of the pages built from the stored outputs (needs a network).
+linkcheck: $(STAMP)
+	$(BIN)/python tools/build_site.py --linkcheck
 
 # Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
 screenshots: html

@@ -16,8 +16,8 @@ def build(built_site):
 
 
 def test_build_has_no_warnings(build):
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log[-5000:]
+    returncode, log = build
+    assert returncode == 0, log[-5000:]
     assert "build succeeded" in log
     assert not re.search(
         r"WARNING|ERROR", re.sub(r"\[IPKernelApp\] WARNING[^\n]*", "", log)

@@ -4,10 +4,12 @@ image loaded, tabs and collapsed solutions working, no console errors, no
 request leaving the machine; figures stay readable in dark mode."""
 
 import sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, require_system_tool
 
 sys.path.insert(0, str(ROOT / "tools"))
 import site_browser
@@ -24,11 +26,12 @@ def toc_pages():
 
 @pytest.fixture(scope="module")
 def chromium(built_site):
-    assert built_site.returncode == 0, "the site did not build"
-    if site_browser.chromium_binary() is None:
-        pytest.fail(
-            site_browser.NO_BROWSER.format(", ".join(site_browser.CANDIDATES))
-        )
+    require_system_tool(
+        site_browser.chromium_binary() is not None,
+        "Debian's Chromium (the browser test opens every page in it)",
+        "apt-get install chromium",
+    )
+    assert built_site[0] == 0, "the site did not build"
     with site_browser.browser() as b:
         yield b
 
@@ -67,35 +70,51 @@ def test_page_renders_offline(chromium, doc, dark):
             [i.getAttribute('src'), i.complete, i.naturalWidth])""")
         for src, complete, width in images:
             assert complete and width > 0, f"image not loaded: {src}"
+
+        if not dark:  # what the reader clicks, once per page
+            check_download_links(page, doc)
+            check_tabs_and_collapsed_solutions(page)
     finally:
         page.context.close()
 
 
-@pytest.mark.parametrize("doc", toc_pages())
-def test_tabs_and_collapsed_solutions_work(chromium, doc):
-    page, _ = site_browser.open_page(chromium, html_path(doc))
-    try:
-        # sphinx-design tabs: clicking each label shows its own panel only
-        for t in range(page.locator(".sd-tab-set").count()):
-            tab_set = page.locator(".sd-tab-set").nth(t)
-            labels = tab_set.locator(":scope > label")
-            panels = tab_set.locator(":scope > .sd-tab-content")
-            assert labels.count() == panels.count() >= 2
-            for i in range(labels.count()):
-                labels.nth(i).click()
-                assert panels.nth(i).is_visible()
-                others = [j for j in range(panels.count()) if j != i]
-                assert not any(panels.nth(j).is_visible() for j in others)
+def check_tabs_and_collapsed_solutions(page):
+    """sphinx-design tabs: clicking each label shows its own panel only;
+    collapsed solution cells (tag hide-cell): hidden until clicked."""
+    for t in range(page.locator(".sd-tab-set").count()):
+        tab_set = page.locator(".sd-tab-set").nth(t)
+        labels = tab_set.locator(":scope > label")
+        panels = tab_set.locator(":scope > .sd-tab-content")
+        assert labels.count() == panels.count() >= 2
+        for i in range(labels.count()):
+            labels.nth(i).click()
+            assert panels.nth(i).is_visible()
+            others = [j for j in range(panels.count()) if j != i]
+            assert not any(panels.nth(j).is_visible() for j in others)
+    for k in range(page.locator("details.hide.above-input").count()):
+        details = page.locator("details.hide.above-input").nth(k)
+        body = details.locator(".cell_input")
+        assert not body.is_visible()
+        details.locator("summary").click()
+        assert body.is_visible()
 
-        # collapsed solution cells (tag hide-cell): hidden until clicked
-        for k in range(page.locator("details.hide.above-input").count()):
-            details = page.locator("details.hide.above-input").nth(k)
-            body = details.locator(".cell_input")
-            assert not body.is_visible()
-            details.locator("summary").click()
-            assert body.is_visible()
-    finally:
-        page.context.close()
+
+def check_download_links(page, doc):
+    """Every link of the page's download menu leads to a file of the site; a
+    chapter offers its zip (ready to run) and its notebook."""
+    hrefs = page.evaluate("""() => Array.from(document.querySelectorAll(
+        '.dropdown-download-buttons a')).map(a => a.href)""")
+    assert hrefs, "no download menu"
+    for href in hrefs:
+        assert href.startswith("file://"), href
+        path = Path(unquote(urlsplit(href).path))
+        assert path.is_file(), f"download link to a missing file: {href}"
+    if (ROOT / f"{doc}.ipynb").is_file():
+        name = Path(doc).name
+        assert {Path(urlsplit(h).path).name for h in hrefs} >= {
+            f"{name}.zip",
+            f"{name}.ipynb",
+        }
 
 
 def test_figures_are_opaque_for_dark_mode(built_site):

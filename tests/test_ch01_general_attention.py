@@ -1,8 +1,13 @@
-"""Chapter 1: the softmax and attention functions defined in the notebook."""
+"""Chapter 1: the softmax and attention functions defined in the notebook.
+
+Every source number comes from the chapter itself, through its UPPER_CASE
+constants (the source's words, what it printed, the seed-42 matrices): this
+file holds no source number.
+"""
 
 import numpy as np
 import pytest
-from conftest import SOURCE_003_ATTENTION
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -29,6 +34,17 @@ def qkv(seed, n_q=5, n_k=7, d_k=4, d_v=3):
         rng.normal(size=(n_q, d_k)),
         rng.normal(size=(n_k, d_k)),
         rng.normal(size=(n_k, d_v)),
+    )
+
+
+@pytest.fixture(scope="module")
+def seed42_qkv(ch01):
+    """Q, K, V of the source's example, from the chapter's constants: its
+    four words times its seed-42 matrices."""
+    X = np.array(ch01.WORDS)
+    return tuple(
+        X @ np.array(W)
+        for W in (ch01.SEED42_W_Q, ch01.SEED42_W_K, ch01.SEED42_W_V)
     )
 
 
@@ -66,8 +82,8 @@ def test_softmax_equals_scipy(ch01, z):
 
 def test_softmax_axis(ch01):
     z = np.arange(12.0).reshape(3, 4)
-    assert_allclose(ch01.softmax(z, axis=0).sum(axis=0), 1.0)
-    assert_allclose(ch01.softmax(z).sum(axis=-1), 1.0)
+    assert_allclose(ch01.softmax(z, axis=0), scipy_softmax(z, axis=0))
+    assert_allclose(ch01.softmax(z), scipy_softmax(z, axis=-1))
 
 
 def test_softmax_allows_minus_inf_entries(ch01):
@@ -81,6 +97,7 @@ def test_softmax_allows_minus_inf_entries(ch01):
         ([1.0, np.nan], "NaN"),
         ([1.0, np.inf], r"\+inf"),
         ([-np.inf, -np.inf], "entirely -inf"),
+        ([[0.0, 1.0], [-np.inf, -np.inf]], "entirely -inf"),
     ],
 )
 def test_softmax_rejects_undefined_input(ch01, z, message):
@@ -106,24 +123,36 @@ def test_loop_equals_matrix_form(ch01, seed):
     assert_allclose(ch01.attention_loop(Q, K, V), out, rtol=0, atol=1e-12)
 
 
-def test_the_source_numbers(ch01):
-    """The chapter's functions on the seed-42 example give the source's table."""
-    np.random.seed(42)
-    W_Q, W_K, W_V = (np.random.randint(3, size=(3, 3)) for _ in range(3))
-    X = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1]])
-    out, w = ch01.attention_matrix(X @ W_Q, X @ W_K, X @ W_V)
-    assert_allclose(
-        out,
-        SOURCE_003_ATTENTION,
-        rtol=0,
-        atol=1e-8,
-    )
-    assert_allclose(
-        w[0],
-        [0.23608986, 0.00738988, 0.74913039, 0.00738988],
-        rtol=0,
-        atol=1e-8,
-    )
+@pytest.mark.parametrize("seed", range(10))
+def test_equals_torch_scaled_dot_product_attention(ch01, seed):
+    """An independent reference: PyTorch's own function, in float64."""
+    Q, K, V = qkv(seed, n_q=2 + seed % 5, n_k=1 + seed % 6, d_k=3 + seed)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(M) for M in (Q, K, V))
+    ).numpy()
+    out, w = ch01.attention_matrix(Q, K, V)
+    assert_allclose(out, expected, rtol=0, atol=1e-12)
+    assert_allclose(ch01.attention_loop(Q, K, V), expected, rtol=0, atol=1e-12)
+    assert_allclose(w.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+
+
+def test_identical_keys_give_the_mean_of_the_values(ch01):
+    Q, _, V = qkv(3)
+    K = np.ones((V.shape[0], Q.shape[1]))
+    out, w = ch01.attention_matrix(Q, K, V)
+    assert_allclose(w, 1 / V.shape[0], rtol=0, atol=1e-15)
+    assert_allclose(out, np.tile(V.mean(axis=0), (len(Q), 1)), atol=1e-12)
+
+
+def test_the_source_numbers(ch01, seed42_qkv):
+    """The chapter's functions, on the source's words and seed-42 matrices,
+    give the table the source printed and the weights the chapter states."""
+    out, w = ch01.attention_matrix(*seed42_qkv)
+    assert_allclose(out, ch01.SOURCE_ATTENTION, rtol=0, atol=1e-8)
+    assert_allclose(out[0], ch01.SOURCE_ATTENTION_WORD_1, rtol=0, atol=1e-8)
+    assert_allclose(w[0], ch01.WORD_1_WEIGHTS, rtol=0, atol=1e-8)
+    loop = ch01.attention_loop(*seed42_qkv)
+    assert_allclose(loop, ch01.SOURCE_ATTENTION, rtol=0, atol=1e-8)
 
 
 @pytest.mark.parametrize("fn", ["attention_matrix", "attention_loop"])
@@ -139,6 +168,10 @@ def test_the_source_numbers(ch01):
         (
             ((4, 3), (2, 4, 3), (4, 3)),
             r"K must be a 2-D matrix .* got shape \(2, 4, 3\)",
+        ),
+        (
+            ((4, 3), (4, 3), (4,)),
+            r"V must be a 2-D matrix .* got shape \(4,\)",
         ),
         (((4, 3), (0, 3), (0, 3)), "at least one key"),
     ],

@@ -1,33 +1,30 @@
-"""Chapter 3: scaled dot-product attention, the functions defined in the notebook."""
+"""Chapter 3: scaled dot-product attention, the functions defined in the notebook.
 
-import math
+The post's printed numbers (`SOURCE_WEIGHTS`, `SOURCE_ROW_SUMS`) and the
+book's own derived ones (`SHARPENED_WEIGHTS`) are read from the chapter; the
+post's Q, K and V are the chapter's own tensors (every cell run once)."""
+
+import json
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_chapter, source_004_qkv
+from conftest import BOOK, load_chapter
 from torch.testing import assert_close
 
-SOURCE_WEIGHTS = [
-    [0.3668, 0.3001, 0.3331],
-    [0.2955, 0.4472, 0.2573],
-    [0.3729, 0.2933, 0.3338],
-]
-SOURCE_MASKED = [
-    [1.0000, 0.0, 0.0],
-    [0.3979, 0.6021, 0.0],
-    [0.3729, 0.2933, 0.3338],
-]
-SOURCE_SHARPENED = [
-    [0.7122, 0.0640, 0.2237],
-    [0.0069, 0.9918, 0.0013],
-    [0.7576, 0.0424, 0.2001],
-]
+NOTEBOOK = "03_scaled_dot_product.ipynb"
 
 
 @pytest.fixture(scope="module")
 def ch03():
-    return load_chapter("03_scaled_dot_product.ipynb")
+    return load_chapter(NOTEBOOK)
+
+
+@pytest.fixture(scope="module")
+def ch03_run():
+    """Every cell of the chapter run top to bottom: its Q, K, V and scores."""
+    return load_chapter(NOTEBOOK, run_all=True)
 
 
 def random_case(seed):
@@ -44,48 +41,43 @@ def random_case(seed):
     return g, q, k, v
 
 
-def test_source_numbers(ch03):
-    Q, K, V = source_004_qkv()
+# --- The post's numbers, from the chapter's own tensors ----------------------
+
+
+def test_source_weights_and_row_sums(ch03, ch03_run):
+    Q, K, V = ch03_run.Q, ch03_run.K, ch03_run.V
     out, w = ch03.scaled_dot_product_attention(Q, K, V)
-    assert_close(w, torch.tensor([SOURCE_WEIGHTS]), rtol=0, atol=5e-5)
-    assert_close(w.sum(-1), torch.ones(1, 3), rtol=0, atol=1e-6)
-    assert out.shape == (1, 3, 16)
-    _, w_masked = ch03.scaled_dot_product_attention(
-        Q, K, V, mask=torch.tril(torch.ones(3, 3, dtype=torch.bool))
-    )
-    assert_close(w_masked, torch.tensor([SOURCE_MASKED]), rtol=0, atol=5e-5)
+    expected = torch.tensor(ch03.SOURCE_WEIGHTS)
+    assert_close(w[0], expected, rtol=0, atol=5e-5)
+    row_sums = torch.tensor(ch03.SOURCE_ROW_SUMS)
+    assert_close(w[0].sum(-1), row_sums, rtol=0, atol=1e-6)
+    assert out.shape == V.shape
 
 
-def test_saturation_numbers_are_deterministic(ch03):
-    Q, K, _ = source_004_qkv()
-    scores = (Q @ K.transpose(-2, -1) * 16**-0.5)[0]
-    multipliers = [0.25, 1, 4, 12, 32, 128]
-    first = ch03.saturation_curve(scores, multipliers)
-    second = ch03.saturation_curve(scores, multipliers)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
-    max_weight, jac_norm = first
-    assert_close(
-        max_weight[multipliers.index(12)],
-        torch.tensor(SOURCE_SHARPENED).max(-1).values,
-        rtol=0,
-        atol=5e-5,
-    )
-    assert (jac_norm[1:] <= jac_norm[:-1] + 1e-6).all()
-    assert (jac_norm <= math.sqrt(2) / 3 + 1e-6).all()
-    assert (jac_norm[-1] < 1e-3).all()
+def test_sharpened_weights(ch03, ch03_run):
+    # 12 x the scaled scores = the scaled scores of 12 x the queries
+    Q, K, V = ch03_run.Q, ch03_run.K, ch03_run.V
+    _, w = ch03.scaled_dot_product_attention(12 * Q, K, V)
+    expected = torch.tensor(ch03.SHARPENED_WEIGHTS)
+    assert_close(w[0], expected, rtol=0, atol=5e-5)
+    max_weight, _ = ch03.saturation_curve(ch03_run.attention_scores[0], [12])
+    assert_close(max_weight[0], expected.max(-1).values, rtol=0, atol=5e-5)
+
+
+def test_source_rows_lose_their_gradient(ch03, ch03_run):
+    scores = ch03_run.attention_scores[0]
+    _, jac_norm = ch03.saturation_curve(scores, [1, 12, 128])
+    assert jac_norm[1, 1] < jac_norm[0, 1] / 30
+    assert (jac_norm[2] < 1e-3).all()
+
+
+# --- The softmax Jacobian -----------------------------------------------------
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_softmax_jacobian_equals_autograd(ch03, seed):
-    z = (
-        torch.randn(
-            6,
-            generator=torch.Generator().manual_seed(seed),
-            dtype=torch.float64,
-        )
-        * 3
-    )
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(6, generator=g, dtype=torch.float64) * 3
     expected = torch.autograd.functional.jacobian(
         lambda s: F.softmax(s, -1), z
     )
@@ -94,15 +86,63 @@ def test_softmax_jacobian_equals_autograd(ch03, seed):
     )
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_saturation_curve_equals_autograd(ch03, seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    multipliers = [0.5, 1, 3, 10]
+    max_weight, jac_norm = ch03.saturation_curve(scores, multipliers)
+    assert max_weight.shape == jac_norm.shape == (4, 4)
+    for i, c in enumerate(multipliers):
+        for row in range(4):
+            z = c * scores[row]
+            jac = torch.autograd.functional.jacobian(
+                lambda s: F.softmax(s, -1), z
+            )
+            norm = torch.linalg.matrix_norm(jac)
+            assert_close(jac_norm[i, row], norm, rtol=0, atol=1e-12)
+            assert max_weight[i, row] == F.softmax(z, -1).max()
+
+
+def test_jacobian_norm_bound(ch03):
+    """||J||_F <= sqrt(s (1 - s)) <= 1/2, reached at a two-way tie; the
+    uniform softmax is not the steepest; a tie's norm rises with c."""
+    g = torch.Generator().manual_seed(0)
+    p = F.softmax(
+        4 * torch.randn(2000, 5, generator=g, dtype=torch.float64), -1
+    )
+    norm = torch.linalg.matrix_norm(ch03.softmax_jacobian(p))
+    s = (p**2).sum(-1)
+    assert (norm <= (s * (1 - s)).sqrt() + 1e-12).all()
+    assert (norm <= 0.5 + 1e-12).all()
+    tie = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
+    uniform = torch.full((4,), 0.25, dtype=torch.float64)
+    tie_norm = torch.linalg.matrix_norm(ch03.softmax_jacobian(tie))
+    uniform_norm = torch.linalg.matrix_norm(ch03.softmax_jacobian(uniform))
+    assert_close(tie_norm, torch.tensor(0.5, dtype=torch.float64))
+    assert uniform_norm < tie_norm
+    _, rising = ch03.saturation_curve(
+        torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), [1, 2, 4, 8, 64]
+    )
+    assert (rising[1:] > rising[:-1]).all()
+    assert_close(rising[-1], tie_norm)
+
+
 def test_dot_product_variance(ch03):
     raw, scaled = ch03.dot_product_variance(
         [1, 16, 256], n_samples=4000, seed=5
     )
-    assert (raw, scaled) == ch03.dot_product_variance([1, 16, 256], 4000, 5)
     assert_close(
         torch.tensor(raw), torch.tensor([1.0, 16.0, 256.0]), rtol=0.15, atol=0
     )
     assert_close(torch.tensor(scaled), torch.ones(3), rtol=0, atol=0.15)
+    with pytest.raises(ValueError, match="n_samples >= 2"):
+        ch03.dot_product_variance([4], n_samples=1)
+    with pytest.raises(ValueError, match="every d_k >= 1"):
+        ch03.dot_product_variance([0, 4])
+
+
+# --- The reusable function against PyTorch's ---------------------------------
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -180,16 +220,20 @@ def test_padding_leaves_real_outputs_unchanged(ch03, n_pad):
     assert (w_p[:, 5:] == 0).all()
 
 
+# --- Bad inputs are named -----------------------------------------------------
+
+
 def test_fully_masked_row_raises(ch03):
-    Q, K, V = source_004_qkv()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 3, 4, generator=g) for _ in range(3))
     mask = torch.ones(3, 3, dtype=torch.bool)
     mask[1] = False
     with pytest.raises(ValueError, match="every key masked"):
-        ch03.scaled_dot_product_attention(Q, K, V, mask=mask)
+        ch03.scaled_dot_product_attention(q, k, v, mask=mask)
     additive = torch.zeros(3, 3)
     additive[2] = float("-inf")
     with pytest.raises(ValueError, match="every key masked"):
-        ch03.scaled_dot_product_attention(Q, K, V, mask=additive)
+        ch03.scaled_dot_product_attention(q, k, v, mask=additive)
 
 
 @pytest.mark.parametrize(
@@ -237,3 +281,28 @@ def test_bad_values_raise(ch03):
         ch03.scaled_dot_product_attention(
             q, q, torch.full((2, 4), float("nan"))
         )
+    with pytest.raises(ValueError, match="non-empty last axis"):
+        ch03.softmax_jacobian(torch.ones(2, 0))
+
+
+# --- The tabs show the code that runs ----------------------------------------
+
+
+def test_python_tabs_equal_the_cells_that_run():
+    """Each tab set holds the post's R chunk (never run: `eval: false`) and
+    exactly the Python of the collapsed code cell that follows it."""
+    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    checked = 0
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown" or "{tab-set}" not in text:
+            continue
+        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        assert len(blocks) == 1, f"cell {i}: one Python tab per tab set"
+        following = cells[i + 1]
+        assert following["cell_type"] == "code"
+        assert "hide-input" in following["metadata"].get("tags", [])
+        assert "".join(following["source"]).strip() == blocks[0].strip(), i
+        assert re.search(r"```r\n#\| eval: false\n", text), i
+        checked += 1
+    assert checked == 7

@@ -1,44 +1,55 @@
-"""Chapter 4: masks and masked attention, the functions defined in the notebook."""
+"""Chapter 4: masks and masked attention, the functions defined in the notebook.
+
+The book's causal-masked weights (`CAUSAL_WEIGHTS`) are read from the
+chapter and checked on the chapter's own Q, K, V (every cell run once), with
+a causal mask written out by hand."""
+
+import json
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_chapter, source_004_qkv
+from conftest import BOOK, load_chapter
 from torch.testing import assert_close
+
+NOTEBOOK = "04_masking.ipynb"
+
+CAUSAL_3 = torch.tensor(
+    [
+        [True, False, False],
+        [True, True, False],
+        [True, True, True],
+    ]
+)
 
 
 @pytest.fixture(scope="module")
 def ch04():
-    return load_chapter("04_masking.ipynb")
+    return load_chapter(NOTEBOOK)
+
+
+@pytest.fixture(scope="module")
+def ch04_run():
+    """Every cell of the chapter run top to bottom: its Q, K, V."""
+    return load_chapter(NOTEBOOK, run_all=True)
 
 
 def randn(generator, *shape):
     return torch.randn(*shape, generator=generator)
 
 
-def test_source_masked_weights(ch04):
-    Q, K, V = source_004_qkv()
-    _, w = ch04.masked_attention(Q, K, V, mask=ch04.causal_mask(3))
-    assert_close(
-        w,
-        torch.tensor(
-            [
-                [
-                    [1.0000, 0.0, 0.0],
-                    [0.3979, 0.6021, 0.0],
-                    [0.3729, 0.2933, 0.3338],
-                ]
-            ]
-        ),
-        rtol=0,
-        atol=5e-5,
-    )
+def test_causal_weights(ch04, ch04_run):
+    Q, K, V = ch04_run.Q, ch04_run.K, ch04_run.V
+    _, w = ch04.masked_attention(Q, K, V, mask=CAUSAL_3)
+    expected = torch.tensor(ch04.CAUSAL_WEIGHTS)
+    assert_close(w[0], expected, rtol=0, atol=5e-5)
+    _, w_builder = ch04.masked_attention(Q, K, V, mask=ch04.causal_mask(3))
+    assert torch.equal(w_builder, w)
 
 
 def test_mask_builders(ch04):
-    assert torch.equal(
-        ch04.causal_mask(4), torch.tril(torch.ones(4, 4)).bool()
-    )
+    assert torch.equal(ch04.causal_mask(3), CAUSAL_3)
     assert torch.equal(
         ch04.causal_mask(2, 3),
         torch.tensor([[True, False, False], [True, True, False]]),
@@ -51,6 +62,44 @@ def test_mask_builders(ch04):
     )
     add = ch04.to_additive(torch.tensor([True, False]))
     assert add[0] == 0 and torch.isneginf(add[1])
+
+
+@pytest.mark.parametrize(
+    "n, w, expected",
+    [
+        (
+            5,
+            2,
+            [
+                [1, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0],
+                [0, 1, 1, 0, 0],
+                [0, 0, 1, 1, 0],
+                [0, 0, 0, 1, 1],
+            ],
+        ),
+        (
+            4,
+            3,
+            [
+                [1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [1, 1, 1, 0],
+                [0, 1, 1, 1],
+            ],
+        ),
+        (3, 1, [[1, 0, 0], [0, 1, 0], [0, 0, 1]]),
+        (3, 3, [[1, 0, 0], [1, 1, 0], [1, 1, 1]]),
+        (3, 7, [[1, 0, 0], [1, 1, 0], [1, 1, 1]]),
+    ],
+)
+def test_window_mask_by_hand(ch04, n, w, expected):
+    assert torch.equal(ch04.window_mask(n, w), torch.tensor(expected).bool())
+
+
+def test_window_mask_refuses_an_empty_window(ch04):
+    with pytest.raises(ValueError, match="w >= 1"):
+        ch04.window_mask(4, 0)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -161,9 +210,31 @@ def test_other_bad_inputs_raise(ch04):
         ch04.masked_attention(q, torch.ones(5, 2), v)
     with pytest.raises(ValueError, match="shapes do not fit"):
         ch04.masked_attention(q, k, torch.ones(4, 6))
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        ch04.masked_attention(torch.ones(2, 3, 4), torch.ones(3, 5, 4), v)
     with pytest.raises(ValueError, match="lengths must be"):
         ch04.padding_mask([2, 7], 5)
     with pytest.raises(ValueError, match="positive sizes"):
         ch04.causal_mask(0)
     with pytest.raises(ValueError, match="boolean mask"):
         ch04.to_additive(torch.zeros(2))
+
+
+def test_python_tabs_equal_the_cells_that_run():
+    """Each tab set holds the post's R chunk (never run: `eval: false`) and
+    exactly the Python of the collapsed code cell that follows it."""
+    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    checked = 0
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown" or "{tab-set}" not in text:
+            continue
+        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        assert len(blocks) == 1, f"cell {i}: one Python tab per tab set"
+        following = cells[i + 1]
+        assert following["cell_type"] == "code"
+        assert "hide-input" in following["metadata"].get("tags", [])
+        assert "".join(following["source"]).strip() == blocks[0].strip(), i
+        assert re.search(r"```r\n#\| eval: false\n", text), i
+        checked += 1
+    assert checked == 3

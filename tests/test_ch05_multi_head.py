@@ -1,13 +1,20 @@
-"""Chapter 5: the attention head and the two multi-head modules of the notebook."""
+"""Chapter 5: the attention step, the head and the two multi-head modules of
+the notebook, against PyTorch's own functions and references written here
+independently of the chapter's code (PyTorch's causal masks, hand-written
+masks)."""
+
+import json
+import re
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import load_chapter
+from conftest import BOOK, load_chapter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+NOTEBOOK = "05_multi_head.ipynb"
 ATOL = 1e-6  # float32, as in the chapter
 
 # (B, T, E, H): one head, many heads, one token, head size 1, odd sizes
@@ -19,39 +26,42 @@ SHAPES = [
     (2, 6, 30, 5),
     (1, 9, 6, 6),
 ]
+MODULES = ["AttentionHead", "MultiHeadAttention", "BatchedMultiHeadAttention"]
 
 
 @pytest.fixture(scope="module")
 def ch05():
-    torch.set_num_threads(1)
-    return load_chapter("05_multi_head.ipynb")
+    return load_chapter(NOTEBOOK)
 
 
-def make_modules(ch05, E, H, seed):
+def make_modules(ch05, E, H, seed, dropout=0.0):
     """A head-list module, and the batched and PyTorch modules with its weights."""
     torch.manual_seed(seed)
-    heads = ch05.MultiHeadAttention(E, H)
+    heads = ch05.MultiHeadAttention(E, H, dropout)
     with torch.no_grad():  # non-zero output bias, so it is compared
         heads.output_linear.bias.normal_()
     batched = ch05.copy_heads_to_batched(
-        heads, ch05.BatchedMultiHeadAttention(E, H)
+        heads, ch05.BatchedMultiHeadAttention(E, H, dropout)
     )
     return heads, batched, ch05.to_torch_mha(batched)
 
 
 def make_mask(kind, B, T_q, T_k, H, ch05, seed=0):
-    """Our mask (True = may attend) and nn.MultiheadAttention's (True = blocked)."""
+    """Our mask (True = may attend) and a mask for nn.MultiheadAttention that
+    does not come from the chapter's code (for the causal case PyTorch's own,
+    additive: -inf above the diagonal)."""
     if kind is None:
         return None, None
     if kind == "causal":
-        mask = ch05.causal_mask(T_q)
-        return mask, ~mask
+        return (
+            ch05.causal_mask(T_q),
+            nn.Transformer.generate_square_subsequent_mask(T_q),
+        )
     gen = torch.Generator().manual_seed(seed)  # "random": per batch entry, 3-D
     mask = torch.rand(B, T_q, T_k, generator=gen) < 0.6
-    mask[..., 0] = True  # no row entirely masked
-    return mask, (~mask).repeat_interleave(
-        H, dim=0
-    )  # torch wants (B * H, T_q, T_k)
+    mask[..., 0] = True  # no row entirely masked (PyTorch's module: NaN)
+    # torch wants (B * H, T_q, T_k), True = blocked
+    return mask, (~mask).repeat_interleave(H, dim=0)
 
 
 def assert_all_equal(ch05, B, T_q, T_k, E, H, mask_kind, seed, cross):
@@ -69,10 +79,13 @@ def assert_all_equal(ch05, B, T_q, T_k, E, H, mask_kind, seed, cross):
         )
     assert out_a.shape == out_b.shape == (B, T_q, E)
     assert w_a.shape == w_b.shape == (B, H, T_q, T_k)
-    torch.testing.assert_close(out_b, out_a, rtol=0, atol=ATOL)
-    torch.testing.assert_close(w_b, w_a, rtol=0, atol=ATOL)
+    torch.testing.assert_close(out_a, out_t, rtol=0, atol=ATOL)
+    torch.testing.assert_close(w_a, w_t, rtol=0, atol=ATOL)
     torch.testing.assert_close(out_b, out_t, rtol=0, atol=ATOL)
     torch.testing.assert_close(w_b, w_t, rtol=0, atol=ATOL)
+
+
+# --- Agreement with PyTorch ---------------------------------------------------
 
 
 @pytest.mark.parametrize("mask_kind", [None, "causal", "random"])
@@ -119,15 +132,114 @@ def test_random_shapes_agree(
     )
 
 
-def test_source_shapes(ch05):
-    x = torch.randn(1, 3, 32)
-    assert ch05.AttentionHead(embed_dim=32, head_size=8)(x).shape == (1, 3, 8)
-    assert ch05.MultiHeadAttention(embed_dim=32, num_heads=4)(x).shape == (
-        1,
-        3,
-        32,
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("masked", [False, True])
+def test_scaled_dot_product_equals_torch(ch05, seed, masked):
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.randn(2, 3, 4, 8, generator=gen)
+    K = torch.randn(2, 3, 6, 8, generator=gen)
+    V = torch.randn(2, 3, 6, 5, generator=gen)
+    mask = None
+    if masked:
+        mask = torch.rand(4, 6, generator=gen) < 0.5
+        mask[:, seed % 6] = True
+    out, w = ch05.scaled_dot_product(Q, K, V, mask)
+    torch.testing.assert_close(
+        out,
+        F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
+        rtol=0,
+        atol=ATOL,
     )
-    assert ch05.BatchedMultiHeadAttention(32, 4)(x).shape == (1, 3, 32)
+    torch.testing.assert_close(
+        w.sum(-1), torch.ones(2, 3, 4), rtol=0, atol=ATOL
+    )
+    if masked:
+        assert (w[..., ~mask] == 0).all()
+
+
+@pytest.mark.parametrize("T", [1, 2, 5, 9])
+def test_causal_attention_equals_is_causal(ch05, T):
+    gen = torch.Generator().manual_seed(T)
+    Q, K, V = torch.randn(3, 2, T, 4, generator=gen).unbind(0)
+    out, _ = ch05.scaled_dot_product(Q, K, V, ch05.causal_mask(T))
+    expected = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
+
+
+def test_causal_mask_is_lower_triangular(ch05):
+    """Against a mask written out by hand."""
+    expected = torch.tensor(
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]],
+        dtype=torch.bool,
+    )
+    assert torch.equal(ch05.causal_mask(4), expected)
+    assert torch.equal(ch05.causal_mask(1), torch.ones(1, 1, dtype=torch.bool))
+
+
+# --- Fully masked rows --------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
+@pytest.mark.parametrize("seed", range(4))
+def test_fully_masked_rows_give_zeros(ch05, seed):
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.randn(2, 5, 4, generator=gen)
+    K = torch.randn(2, 6, 4, generator=gen)
+    V = torch.randn(2, 6, 3, generator=gen)
+    mask = torch.rand(2, 5, 6, generator=gen) < 0.5
+    mask[:, 1] = False  # query 2 sees nothing, in both batch entries
+    mask[0, 3] = False
+    mask[..., 4, 2] = True  # query 5 sees at least key 3
+    Q.requires_grad_(True)
+    out, w = ch05.scaled_dot_product(Q, K, V, mask)
+    empty = ~mask.any(dim=-1)  # (2, 5)
+    assert empty.sum() == 3
+    assert not out.isnan().any() and not w.isnan().any()
+    assert (w[empty] == 0).all() and (out[empty] == 0).all()
+    torch.testing.assert_close(
+        w[~empty].sum(-1), torch.ones(int((~empty).sum())), rtol=0, atol=ATOL
+    )
+    expected = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+    torch.testing.assert_close(
+        out[~empty], expected[~empty], rtol=0, atol=ATOL
+    )
+    # no NaN anywhere, not even one masked out later: anomaly mode raises if
+    # a backward step (the softmax's of a 0/0 row) produces one
+    with torch.autograd.detect_anomaly():
+        out.sum().backward()
+    assert not Q.grad.isnan().any()
+
+
+@pytest.mark.parametrize(
+    "cls", ["MultiHeadAttention", "BatchedMultiHeadAttention"]
+)
+def test_modules_fully_masked_row_gives_output_bias(ch05, cls):
+    torch.manual_seed(4)
+    module = getattr(ch05, cls)(8, 2)
+    x = torch.randn(2, 4, 8)
+    mask = ch05.causal_mask(4).clone()
+    mask[2] = False
+    with torch.no_grad():
+        out, w = module(x, mask=mask, return_weights=True)
+    assert (w[:, :, 2] == 0).all()
+    bias = module.output_linear.bias
+    torch.testing.assert_close(out[:, 2], bias.expand(2, -1), rtol=0, atol=0)
+    assert not out.isnan().any()
+
+
+# --- The source's shape and its bug -------------------------------------------
+
+
+def test_source_head_shape(ch05):
+    B, T, head_size = ch05.SOURCE_HEAD_SHAPE
+    x = torch.randn(B, T, 32)  # the source's embed_dim
+    assert list(ch05.AttentionHead(32, head_size)(x).shape) == [
+        B,
+        T,
+        head_size,
+    ]
+    for cls in (ch05.MultiHeadAttention, ch05.BatchedMultiHeadAttention):
+        assert cls(32, 4)(x).shape == x.shape
 
 
 def test_each_head_scales_by_its_own_size(ch05):
@@ -150,6 +262,36 @@ def test_each_head_scales_by_its_own_size(ch05):
     assert [h.head_size for h in mha.heads] == [16, 16, 16, 16]
     assert [h.query.weight.shape for h in mha.heads] == [(16, 64)] * 4
     assert mha(torch.randn(1, 3, 64)).shape == (1, 3, 64)
+
+
+# --- The batched layout -------------------------------------------------------
+
+
+@pytest.mark.parametrize("B, T, E, H", SHAPES)
+def test_split_heads_gives_each_head_its_columns(ch05, B, T, E, H):
+    module = ch05.BatchedMultiHeadAttention(E, H)
+    t = torch.randn(B, T, E)
+    split = module.split_heads(t)
+    d_h = E // H
+    assert split.shape == (B, H, T, d_h)
+    for h in range(H):
+        assert torch.equal(split[:, h], t[..., h * d_h : (h + 1) * d_h])
+
+
+def test_copy_heads_to_batched_layout(ch05):
+    heads, batched, _ = make_modules(ch05, 12, 3, seed=2)
+    W = batched.qkv.weight.view(3, 3, 4, 12)  # (Q/K/V, head, d_h, E)
+    for i, name in enumerate(("query", "key", "value")):
+        for h, head in enumerate(heads.heads):
+            assert torch.equal(W[i, h], getattr(head, name).weight)
+    for name in ("weight", "bias"):
+        assert torch.equal(
+            getattr(batched.output_linear, name),
+            getattr(heads.output_linear, name),
+        )
+
+
+# --- Causality, gradients, parameters -----------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["heads", "batched"])
@@ -206,32 +348,94 @@ def test_gradients_reach_every_parameter(ch05, kind, cross):
 @pytest.mark.parametrize("H", [1, 2, 4])
 def test_parameter_count(ch05, E, H):
     for cls in (ch05.MultiHeadAttention, ch05.BatchedMultiHeadAttention):
-        assert ch05.count_parameters(cls(E, H)) == 4 * E * E + E
+        assert ch05.count_parameters(cls(E, H, dropout=0.5)) == 4 * E * E + E
 
 
-@pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("masked", [False, True])
-def test_scaled_dot_product_equals_torch(ch05, seed, masked):
-    gen = torch.Generator().manual_seed(seed)
-    Q = torch.randn(2, 3, 4, 8, generator=gen)
-    K = torch.randn(2, 3, 6, 8, generator=gen)
-    V = torch.randn(2, 3, 6, 5, generator=gen)
-    mask = None
-    if masked:
-        mask = torch.rand(4, 6, generator=gen) < 0.5
-        mask[:, seed % 6] = True
-    out, w = ch05.scaled_dot_product(Q, K, V, mask)
-    torch.testing.assert_close(
-        out,
-        F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
-        rtol=0,
-        atol=ATOL,
+# --- Attention dropout --------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_dropout_zero_and_eval_reproduce_no_dropout(ch05, cls):
+    torch.manual_seed(12)
+    args = (16, 4)
+    plain = getattr(ch05, cls)(*args)  # dropout 0, training mode
+    dropped = getattr(ch05, cls)(*args, dropout=0.4)
+    dropped.load_state_dict(plain.state_dict())
+    x = torch.randn(3, 5, 16)
+    mask = ch05.causal_mask(5)
+    with torch.no_grad():
+        reference = plain(x, mask=mask)
+        assert plain.training and dropped.training
+        assert not torch.equal(dropped(x, mask=mask), reference)  # random
+        dropped.eval()
+        assert torch.equal(dropped(x, mask=mask), reference)
+        dropped.train()
+        assert not torch.equal(dropped(x, mask=mask), reference)
+
+
+def test_dropout_zero_in_the_function_changes_nothing(ch05):
+    gen = torch.Generator().manual_seed(13)
+    Q, K, V = torch.randn(3, 2, 4, 8, generator=gen).unbind(0)
+    state = torch.random.get_rng_state()
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            ch05.scaled_dot_product(Q, K, V, dropout_p=0.0),
+            ch05.scaled_dot_product(Q, K, V),
+        )
     )
-    torch.testing.assert_close(
-        w.sum(-1), torch.ones(2, 3, 4), rtol=0, atol=ATOL
-    )
-    if masked:
-        assert (w[..., ~mask] == 0).all()
+    assert torch.equal(state, torch.random.get_rng_state())  # no draw
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
+def test_dropout_acts_on_the_weights_after_the_softmax(ch05, p):
+    """Each weight is 0 or its softmax value / (1 - p); the output is the
+    product of these weights with V."""
+    gen = torch.Generator().manual_seed(14)
+    Q = torch.randn(50, 6, 8, generator=gen)
+    K = torch.randn(50, 7, 8, generator=gen)
+    V = torch.randn(50, 7, 3, generator=gen)
+    mask = ch05.causal_mask(7)[1:]  # (6, 7)
+    _, exact = ch05.scaled_dot_product(Q, K, V, mask)
+    torch.manual_seed(15)
+    out, w = ch05.scaled_dot_product(Q, K, V, mask, dropout_p=p)
+    kept = w != 0
+    torch.testing.assert_close(w[kept], exact[kept] / (1 - p))
+    torch.testing.assert_close(out, w @ V, rtol=0, atol=ATOL)
+    share_dropped = 1 - kept[exact > 0].float().mean()
+    n = int((exact > 0).sum())
+    assert abs(share_dropped - p) < 5 * (p * (1 - p) / n) ** 0.5
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_dropout_is_unbiased(ch05, cls):
+    """The training-mode output averages to the evaluation output (within six
+    standard errors of the mean, element by element)."""
+    torch.manual_seed(16)
+    module = getattr(ch05, cls)(16, 4, dropout=0.3)
+    x = torch.randn(1, 5, 16)
+    N = 20000
+    with torch.no_grad():
+        many = module.train()(x.expand(N, 5, 16), mask=ch05.causal_mask(5))
+        expected = module.eval()(x, mask=ch05.causal_mask(5))[0]
+    mean, se = many.mean(dim=0), many.std(dim=0) / N**0.5
+    assert (se > 0).all()  # every output is random in training mode
+    assert ((mean - expected).abs() <= 6 * se + 1e-6).all()
+
+
+def test_torch_module_with_dropout_agrees_in_eval_mode(ch05):
+    heads, batched, torch_mha = make_modules(ch05, 16, 4, seed=17, dropout=0.2)
+    assert torch_mha.dropout == 0.2 and not torch_mha.training
+    x = torch.randn(2, 6, 16)
+    torch_causal = nn.Transformer.generate_square_subsequent_mask(6)
+    with torch.no_grad():
+        expected, _ = torch_mha(x, x, x, attn_mask=torch_causal)
+        for module in (heads.eval(), batched.eval()):
+            got = module(x, mask=ch05.causal_mask(6))
+            torch.testing.assert_close(got, expected, rtol=0, atol=ATOL)
+
+
+# --- Errors -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -241,6 +445,19 @@ def test_scaled_dot_product_equals_torch(ch05, seed, masked):
 def test_indivisible_sizes_raise(ch05, cls, E, H):
     with pytest.raises(ValueError, match=f"embed_dim={E}, num_heads={H}"):
         getattr(ch05, cls)(E, H)
+
+
+@pytest.mark.parametrize("cls", MODULES)
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_bad_dropout_raises(ch05, cls, p):
+    with pytest.raises(
+        ValueError, match=rf"dropout must be in \[0, 1\), got {p}"
+    ):
+        getattr(ch05, cls)(8, 2, dropout=p)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        ch05.scaled_dot_product(
+            torch.ones(2, 4), torch.ones(3, 4), torch.ones(3, 4), dropout_p=p
+        )
 
 
 @pytest.mark.parametrize(
@@ -305,24 +522,17 @@ def test_bad_shapes_raise(ch05, cls, x_shape, ctx_shape, mask_shape, message):
         module(torch.randn(x_shape), context, mask)
 
 
-@pytest.mark.parametrize(
-    "cls", ["AttentionHead", "MultiHeadAttention", "BatchedMultiHeadAttention"]
-)
-def test_bad_masks_raise(ch05, cls):
+@pytest.mark.parametrize("cls", MODULES)
+def test_non_boolean_mask_raises(ch05, cls):
     module = getattr(ch05, cls)(8, 2)
-    x = torch.randn(1, 3, 8)
     with pytest.raises(
         ValueError, match=r"boolean tensor, got torch\.float32"
     ):
-        module(x, mask=torch.ones(3, 3))
-    empty_row = ch05.causal_mask(3).clone()
-    empty_row[1] = False
-    with pytest.raises(ValueError, match="entirely False"):
-        module(x, mask=empty_row)
+        module(torch.randn(1, 3, 8), mask=torch.ones(3, 3))
 
 
 def test_other_errors(ch05):
-    with pytest.raises(ValueError, match="at least one token, got T = 0"):
+    with pytest.raises(ValueError, match="needs T >= 1 tokens, got 0"):
         ch05.causal_mask(0)
     with pytest.raises(ValueError, match="must be positive, got 8 and 0"):
         ch05.AttentionHead(8, 0)
@@ -340,6 +550,13 @@ def test_other_errors(ch05):
     with pytest.raises(ValueError, match="K has 3 rows, V has 2"):
         ch05.scaled_dot_product(
             torch.ones(2, 4), torch.ones(3, 4), torch.ones(2, 4)
+        )
+    with pytest.raises(ValueError, match="does not broadcast"):
+        ch05.scaled_dot_product(
+            torch.ones(3, 2, 4),
+            torch.ones(3, 5, 4),
+            torch.ones(3, 5, 4),
+            torch.ones(2, 2, 5, dtype=torch.bool),
         )
 
 
@@ -360,9 +577,31 @@ def test_torch_module_layout(ch05, monkeypatch):
         torch.testing.assert_close(
             torch_mha(x, x, x)[0], batched(x), rtol=0, atol=ATOL
         )
-    assert (
-        isinstance(torch_mha, nn.MultiheadAttention) and torch_mha.batch_first
-    )
+    assert torch_mha.batch_first
     assert torch.equal(torch_mha.in_proj_weight, batched.qkv.weight)
     assert torch.equal(torch_mha.in_proj_bias, torch.zeros(48))
     assert torch.equal(torch_mha.out_proj.bias, batched.output_linear.bias)
+
+
+# --- The tabs show the code that runs -------------------------------------------
+
+
+def test_python_tabs_equal_the_cells_that_run():
+    """Each tab set: the source's R beside a Python tab that is exactly the
+    (hidden) code cell after it, as in chapter 2."""
+    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    checked = 0
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown" or "{tab-set}" not in text:
+            continue
+        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        assert len(blocks) == 1, f"cell {i}: one Python tab per tab set"
+        following = cells[i + 1]
+        assert following["cell_type"] == "code"
+        assert "hide-input" in following["metadata"].get("tags", [])
+        assert "".join(following["source"]).strip() == blocks[0].strip(), i
+        assert ":sync: original" in text and ":sync: python" in text
+        assert re.search(r"```r\n.*(nn_module|torch_randn)", text, re.S), i
+        checked += 1
+    assert checked == 4

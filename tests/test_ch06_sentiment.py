@@ -1,4 +1,11 @@
-"""Chapter 6: the sentiment model, its hand-written gradients and its training."""
+"""Chapter 6: the sentiment model, its hand-written gradients and its training.
+
+Every number the Julia post printed lives in the chapter (SOURCE_RED,
+SOURCE_TOKENS); these tests hold none of them.
+"""
+
+import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -6,12 +13,13 @@ import pytest
 from conftest import BOOK, load_chapter
 from numpy.testing import assert_allclose, assert_array_equal
 
+NOTEBOOK = "06_sentiment.ipynb"
 GRAD_NAMES = ("Q", "Qb", "K", "Kb", "V", "Vb", "W", "b")
 
 
 @pytest.fixture(scope="module")
 def ch06():
-    return load_chapter("06_sentiment.ipynb")
+    return load_chapter(NOTEBOOK)
 
 
 def realistic(ch06, seed, n):
@@ -21,14 +29,22 @@ def realistic(ch06, seed, n):
         name: 0.3 * rng.standard_normal(value.shape)
         for name, value in ch06.init_params(rng).items()
     }
-    x = 0.5 * rng.standard_normal((50, n))
-    y = np.zeros((3, 1))
-    y[rng.integers(3)] = 1.0
+    d = params["Q"].shape[0] - 1  # the embedding size (the position row aside)
+    x = 0.5 * rng.standard_normal((d, n))
+    y = ch06.one_hot(ch06.CLASSES[rng.integers(3)])
     return x, y, params
+
+
+def embedding_size(ch06):
+    """The words' vector size, read from the chapter's parameters."""
+    return ch06.init_params(np.random.default_rng(0))["Q"].shape[0] - 1
 
 
 def rel(g, ref):
     return np.linalg.norm(g - ref) / np.linalg.norm(ref)
+
+
+# --- gradients ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", range(1, 13))
@@ -55,7 +71,7 @@ def test_source_gradients_differ_from_autograd_for_q_and_k(ch06, n):
     cache = ch06.forward(x, params)
     source = ch06.backprop_source(cache, y, params)
     ref = ch06.autograd_gradients(x, y, params)
-    s = np.sqrt(cache["q"].size)  # sqrt(51 n)
+    s = np.sqrt(cache["q"].size)  # the forward pass's scale
     for name in ("Q", "K"):
         assert rel(source[name], ref[name]) > 1.0, name
         # not only the missing scale: the Jacobian is wrong too
@@ -68,19 +84,20 @@ def test_source_gradient_is_only_mis_scaled_when_attention_is_uniform(ch06):
     # Q = 0 and Qb = 0 make every score 0: the first-column Jacobian is then
     # every row's Jacobian, and only the missing 1/s remains (defect 2).
     x, y, params = realistic(ch06, 3, 6)
-    params = dict(params, Q=np.zeros((51, 51)), Qb=np.zeros((51, 1)))
+    zero = {"Q": np.zeros_like(params["Q"]), "Qb": np.zeros_like(params["Qb"])}
+    params = dict(params, **zero)
     cache = ch06.forward(x, params)
     assert_allclose(cache["alpha"], np.full((6, 6), 1 / 6), rtol=0, atol=1e-15)
     source = ch06.backprop_source(cache, y, params)
     true = ch06.backprop_corrected(cache, y, params)
-    s = np.sqrt(51 * 6)
-    for name in ("Q", "Qb"):
+    s = np.sqrt(cache["q"].size)
+    for name in ("Q", "Qb", "K"):
         assert_allclose(source[name] / s, true[name], rtol=1e-12, atol=1e-15)
 
 
 def test_source_softmax_jacobian_uses_the_first_column(ch06):
-    # Build a case where only dL/dalpha matters and compare the source's
-    # query gradient with diag(a) - a a^T for a = first column of alpha.
+    # The post's query gradient equals the chain rule with diag(a) - a a^T,
+    # a = the first column of alpha, for every row (defect 3), without 1/s.
     x, y, params = realistic(ch06, 5, 4)
     cache = ch06.forward(x, params)
     source = ch06.backprop_source(cache, y, params)
@@ -104,7 +121,8 @@ def test_key_bias_true_gradient_is_zero_and_forward_ignores_it(ch06, seed):
     assert np.abs(true["Kb"]).max() <= 1e-12 * scale
     assert np.abs(ref["Kb"]).max() <= 1e-12 * scale
     assert np.abs(ch06.backprop_source(cache, y, params)["Kb"]).max() > 1e-6
-    shift = np.random.default_rng(seed).standard_normal((51, 1)) * 10
+    rng = np.random.default_rng(seed)
+    shift = rng.standard_normal(params["Kb"].shape) * 10
     shifted = ch06.forward(x, dict(params, Kb=params["Kb"] + shift))
     assert_allclose(shifted["alpha"], cache["alpha"], rtol=0, atol=1e-12)
     assert_allclose(shifted["p"], cache["p"], rtol=0, atol=1e-12)
@@ -121,7 +139,49 @@ def test_finite_differences_agree_with_corrected_gradients(ch06):
             assert rel(true[name], fd[name]) <= 1e-6, name
 
 
-def test_tokeniser_trailing_space_and_unknown_words(ch06):
+def test_gradient_check_table_and_its_display(ch06):
+    x, y, params = realistic(ch06, 4, 3)
+    table = ch06.gradient_check_table(x, y, params)
+    assert list(table.index) == list(GRAD_NAMES)
+    b_auto, b_fd = table.columns[2], table.columns[3]
+    assert (table[b_auto] < 1e-14).all() and (table[b_fd] < 1e-6).all()
+    assert table.loc["Q", table.columns[1]] > 1.0  # the post's Q gradient
+    shown = ch06.show(table)
+    assert (shown[b_auto] == "< 1e-14").all() and b_fd not in shown.columns
+    assert (
+        shown.loc["Q", "|true grad|"] == f"{table.loc['Q', '|true grad|']:.1e}"
+    )
+
+
+def test_error_is_absolute_for_the_key_bias_only(ch06):
+    g, ref = np.array([3.0, 4.0]), np.array([0.0, 2.0])
+    assert ch06.error("Kb", g, ref) == pytest.approx(np.hypot(3, 2))
+    assert ch06.error("K", g, ref) == pytest.approx(np.hypot(3, 2) / 2)
+
+
+def test_cosines_are_one_when_attention_is_uniform(ch06):
+    # Uniform attention: the post's Q gradient is s times the true one (see
+    # above), so every cosine is 1; with uneven attention, not.
+    pairs = [realistic(ch06, seed, 5)[:2] for seed in range(3)]
+    _, _, params = realistic(ch06, 9, 5)
+    uniform = dict(
+        params, Q=np.zeros_like(params["Q"]), Qb=np.zeros_like(params["Qb"])
+    )
+    cosines = ch06.gradient_cosines(pairs, uniform, "Q")
+    assert_allclose(cosines, 1.0, rtol=0, atol=1e-12)
+    assert ch06.gradient_cosines(pairs, params, "Q").min() < 0.99
+    with pytest.raises(ValueError, match="zero gradient"):
+        ch06.gradient_cosines(pairs, uniform, "K")  # q = 0: dL/dK = 0
+    one_word = [(pairs[0][0][:, :1], pairs[0][1])]  # left out: no gradient
+    assert ch06.gradient_cosines(one_word, params, "Q").size == 0
+
+
+# --- tokens, data, parameters ---------------------------------------------
+
+
+def test_tokeniser_reproduces_the_source_and_keeps_empty_tokens(ch06):
+    sentence = " ".join(ch06.SOURCE_TOKENS)
+    assert ch06.tokenise(sentence) == ch06.SOURCE_TOKENS
     vocab = {"good": 0, "price": 1}
     assert ch06.tokenise("good price ") == ["good", "price", ""]
     assert ch06.tokenise("good  price") == ["good", "", "price"]
@@ -132,9 +192,25 @@ def test_tokeniser_trailing_space_and_unknown_words(ch06):
         ch06.tokenise(None)
 
 
+def test_one_hot_follows_classes(ch06):
+    for i, label in enumerate(ch06.CLASSES):
+        assert_array_equal(
+            ch06.one_hot(label), np.eye(len(ch06.CLASSES))[:, [i]]
+        )
+
+
+def test_init_params_copies_k_into_v(ch06):
+    params = ch06.init_params(np.random.default_rng(ch06.SEED))
+    ch06.check_params(params)
+    assert_array_equal(params["V"], params["K"])
+    assert not np.shares_memory(params["V"], params["K"])
+    for name in ("Qb", "Kb", "Vb", "b"):
+        assert not params[name].any()
+
+
 def test_evaluate_rejects_a_sentence_without_known_words(ch06):
-    rng = np.random.default_rng(0)
-    vocab, vectors = {"good": 0, "price": 1}, rng.standard_normal((2, 50))
+    rng, d = np.random.default_rng(0), embedding_size(ch06)
+    vocab, vectors = {"good": 0, "price": 1}, rng.standard_normal((2, d))
     params = ch06.init_params(rng)
     words, alpha, p = ch06.evaluate("good price ", params, vocab, vectors)
     assert (
@@ -153,7 +229,8 @@ def test_evaluate_rejects_a_sentence_without_known_words(ch06):
 
 
 def test_make_dataset_skips_empty_sentences(ch06):
-    vocab, vectors = {"good": 0, "bad": 1}, np.eye(2, 50)
+    d = embedding_size(ch06)
+    vocab, vectors = {"good": 0, "bad": 1}, np.eye(2, d)
     table = pd.DataFrame(
         {
             "sentiments": ["positive", "neutral", "negative"],
@@ -162,31 +239,38 @@ def test_make_dataset_skips_empty_sentences(ch06):
     )
     dataset, skipped = ch06.make_dataset(table, vocab, vectors)
     assert skipped == [1]
-    assert [x.shape for x, _ in dataset] == [(50, 1), (50, 2)]
-    assert_array_equal(dataset[1][1].ravel(), [1, 0, 0])
+    assert [x.shape for x, _ in dataset] == [(d, 1), (d, 2)]
+    assert_array_equal(dataset[1][1], ch06.one_hot("negative"))
 
 
 def test_bad_inputs_raise_value_error(ch06):
-    params = ch06.init_params(np.random.default_rng(0))
-    with pytest.raises(ValueError, match=r"x must be \(50, n\)"):
-        ch06.forward(np.ones((51, 3)), params)
-    with pytest.raises(ValueError, match=r"x must be \(50, n\)"):
-        ch06.forward(np.ones((50, 0)), params)
+    params, d = (
+        ch06.init_params(np.random.default_rng(0)),
+        embedding_size(ch06),
+    )
+    with pytest.raises(ValueError, match=rf"x must be \({d}, n\)"):
+        ch06.forward(np.ones((d + 1, 3)), params)
+    with pytest.raises(ValueError, match=rf"x must be \({d}, n\)"):
+        ch06.forward(np.ones((d, 0)), params)
     with pytest.raises(ValueError, match="unknown sentiment"):
         ch06.one_hot("happy")
     with pytest.raises(ValueError, match="NaN or infinite"):
         ch06.softmax(np.array([[1.0, np.nan]]), axis=1)
+    with pytest.raises(ValueError, match="same shape"):
+        ch06.cross_entropy(np.ones((3, 1)) / 3, np.ones(3))
     with pytest.raises(ValueError, match="n_words"):
         ch06.load_glove(0)
     with pytest.raises(ValueError, match="Kb must have shape"):
-        ch06.check_params(dict(params, Kb=np.zeros((51, 2))))
+        ch06.check_params(dict(params, Kb=np.zeros((d + 1, 2))))
     with pytest.raises(ValueError, match="missing parameters"):
         ch06.check_params({"Q": params["Q"]})
-    dataset = [(np.ones((50, 2)), ch06.one_hot("neutral"))]
+    dataset = [(np.ones((d, 2)), ch06.one_hot("neutral"))]
     with pytest.raises(ValueError, match="unknown parameters"):
         ch06.train(
             dataset, params, ch06.backprop_corrected, epochs=1, frozen=("w",)
         )
+    with pytest.raises(ValueError, match="at least 1"):
+        ch06.train(dataset, params, ch06.backprop_corrected, epochs=0)
     with pytest.raises(ValueError, match="empty"):
         ch06.train([], params, ch06.backprop_corrected, epochs=1)
     with pytest.raises(ValueError, match="reference is zero"):
@@ -194,39 +278,26 @@ def test_bad_inputs_raise_value_error(ch06):
 
 
 def test_one_word_sentence_as_a_vector(ch06):
-    params = ch06.init_params(np.random.default_rng(0))
-    word = np.random.default_rng(1).standard_normal(50)
+    params, d = (
+        ch06.init_params(np.random.default_rng(0)),
+        embedding_size(ch06),
+    )
+    word = np.random.default_rng(1).standard_normal(d)
     a = ch06.forward(word, params)
-    b = ch06.forward(word.reshape(50, 1), params)
-    assert a["x"].shape == (51, 1)
+    b = ch06.forward(word.reshape(d, 1), params)
+    assert a["x"].shape == (d + 1, 1)  # the position row appended
     assert_array_equal(a["p"], b["p"])
+
+
+# --- training -------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def small_data(ch06):
-    vocab, vectors = ch06.load_glove(10_000)
+    vocab, vectors = ch06.load_glove()  # the chapter's default vocabulary
     table = pd.read_csv(BOOK / "data" / "small.csv", keep_default_na=False)
-    dataset, skipped = ch06.make_dataset(table, vocab, vectors)
-    return vocab, vectors, table, dataset, skipped
-
-
-def test_glove_rows_follow_the_file_and_data_is_complete(ch06, small_data):
-    vocab, vectors, _, dataset, skipped = small_data
-    assert vectors.shape == (10_000, 50) and vectors.dtype == np.float64
-    assert [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])][:4] == [
-        "the",
-        ",",
-        ".",
-        "of",
-    ]
-    assert_allclose(
-        vectors[vocab["red"], :3],
-        [-0.12878, 0.8798, -0.60694],
-        rtol=0,
-        atol=1e-7,
-    )
-    assert "doesn" not in vocab and "flip" not in vocab
-    assert len(dataset) == 39 and skipped == []
+    dataset, _ = ch06.make_dataset(table, vocab, vectors)
+    return dataset[:8]
 
 
 def test_sgd_step_builds_new_arrays_and_respects_frozen(ch06):
@@ -241,26 +312,110 @@ def test_sgd_step_builds_new_arrays_and_respects_frozen(ch06):
 
 
 @pytest.mark.parametrize("which", ["backprop_source", "backprop_corrected"])
-def test_training_is_deterministic(ch06, small_data, which):
-    dataset = small_data[3][:8]
-    params = ch06.init_params(np.random.default_rng(12))
-    backprop = getattr(ch06, which)
-    p1, l1 = ch06.train(dataset, params, backprop, epochs=5)
-    p2, l2 = ch06.train(dataset, params, backprop, epochs=5)
-    assert_array_equal(l1, l2)
-    for name in p1:
-        assert_array_equal(p1[name], p2[name])
-    assert_array_equal(p1["W"], params["W"])  # frozen by default
-    assert l1[-1] < l1[0]
+def test_training_freezes_w_and_b_and_lowers_the_loss(ch06, small_data, which):
+    params = ch06.init_params(np.random.default_rng(ch06.SEED))
+    new, losses = ch06.train(
+        small_data, params, getattr(ch06, which), epochs=5
+    )
+    assert_array_equal(new["W"], params["W"])  # frozen by default
+    assert_array_equal(new["b"], params["b"])
+    assert not np.allclose(new["K"], params["K"])
+    assert losses.shape == (5,) and (np.diff(losses) < 0).all()
+    # epoch 1's first loss is taken before any update: at the start, every
+    # class is about equally likely
+    assert abs(losses[0] - np.log(3)) < 0.01
 
 
 def test_autograd_training_follows_the_corrected_training(ch06, small_data):
-    dataset = small_data[3][:8]
-    params = ch06.init_params(np.random.default_rng(12))
+    params = ch06.init_params(np.random.default_rng(ch06.SEED))
     p_np, l_np = ch06.train(
-        dataset, params, ch06.backprop_corrected, epochs=5, frozen=()
+        small_data, params, ch06.backprop_corrected, epochs=5, frozen=()
     )
-    p_t, l_t = ch06.train_torch(dataset, params, epochs=5, frozen=())
+    p_t, l_t = ch06.train_torch(small_data, params, epochs=5, frozen=())
     assert_allclose(l_t, l_np, rtol=0, atol=1e-12)
     for name in p_np:
         assert_allclose(p_t[name], p_np[name], rtol=0, atol=1e-12)
+
+
+def test_train_watching_logs_what_train_does(ch06, small_data):
+    params = ch06.init_params(np.random.default_rng(ch06.SEED))
+    big = {name: 30 * value for name, value in params.items()}  # sharp start
+    final, log = ch06.train_watching(
+        small_data, big, ch06.backprop_source, epochs=4, keep=(2,)
+    )
+    expected, losses = ch06.train(
+        small_data, big, ch06.backprop_source, epochs=4
+    )
+    assert_allclose(log["loss"], losses, rtol=0, atol=0)
+    for name in final:
+        assert_array_equal(final[name], expected[name])
+    # replay the epochs to count the attention rows whose winner changed
+    p, changed, steps = big, [], []
+    winners, _ = ch06.attention_state(small_data, p)
+    for _ in range(4):
+        new, _ = ch06.train(small_data, p, ch06.backprop_source, epochs=1)
+        steps.append(np.sqrt(sum(np.sum((new[n] - p[n]) ** 2) for n in "QK")))
+        previous, (winners, _) = winners, ch06.attention_state(small_data, new)
+        changed.append(int(np.sum(winners != previous)))
+        p = new
+    assert_array_equal(log["changed"], changed)
+    assert_allclose(log["step"], steps, rtol=1e-12, atol=0)
+    assert list(log["kept"]) == [2] and log["sharpness"].shape == (4,)
+    assert ((log["sharpness"] > 0) & (log["sharpness"] <= 1)).all()
+
+
+def test_attention_state_counts_one_row_per_word(ch06, small_data):
+    params = ch06.init_params(np.random.default_rng(0))
+    winners, sharpness = ch06.attention_state(small_data, params)
+    assert winners.shape == (sum(x.shape[1] for x, _ in small_data),)
+    lengths = [x.shape[1] for x, _ in small_data]
+    assert 1 / max(lengths) <= sharpness <= 1
+
+
+# --- the page: tabs beside the code that runs ---------------------------------
+
+
+def tab_cells():
+    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "{tab-set}" in text:
+            yield text, cells[i + 1]
+
+
+def test_python_tabs_equal_the_cells_that_run():
+    checked = 0
+    for text, following in tab_cells():
+        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        assert len(blocks) == 1, "one Python tab per tab set"
+        assert following["cell_type"] == "code"
+        assert "hide-input" in following["metadata"].get("tags", [])
+        assert "".join(following["source"]).strip() == blocks[0].strip()
+        assert re.search(r"```(\{code-block\} )?julia\n", text), "no Julia tab"
+        checked += 1
+    assert checked == 6
+
+
+def test_julia_tabs_highlight_the_four_defects():
+    # every highlighted Julia line is one of the defects the prose names
+    defects = {
+        "sqrt(length(q))": 1,  # defect 1: the scale
+        "k', q'": 2,  # defect 2: no 1/s in the backward pass
+        "α[j]": 3,  # defect 3: the first column as every row's Jacobian
+        "∂L_∂Kb": 4,  # defect 4: a gradient for the key bias
+    }
+    found = set()
+    for text, _ in tab_cells():
+        for options, body in re.findall(
+            r"```\{code-block\} julia\n:emphasize-lines: ([\d,]+)\n\n(.*?)```",
+            text,
+            flags=re.S,
+        ):
+            lines = body.split("\n")
+            for number in map(int, options.split(",")):
+                hits = [
+                    d for key, d in defects.items() if key in lines[number - 1]
+                ]
+                assert len(hits) == 1, lines[number - 1]
+                found |= set(hits)
+    assert found == {1, 2, 3, 4}

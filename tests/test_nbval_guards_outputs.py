@@ -1,11 +1,16 @@
 """The stored outputs are really checked: nbval fails when one number changes."""
 
+import configparser
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 from conftest import BOOK, ROOT
+
+sys.path.insert(0, str(ROOT / "_ext"))
+from site_extras import chapter_files
 
 NOTEBOOK = "01_general_attention.ipynb"
 STORED = "0.98522025 1.74174051 0.75652026"
@@ -32,15 +37,21 @@ def run_nbval(path):
     )
 
 
+def copy_helpers(folder):
+    for rel in chapter_files(BOOK / NOTEBOOK):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(BOOK / rel, folder / rel)
+
+
 def test_changed_stored_number_fails_nbval(tmp_path):
-    # the notebook imports book/plots.py from its own folder
-    shutil.copy(BOOK / "plots.py", tmp_path / "plots.py")
+    # the files the chapter needs beside it (those its download zip holds)
+    copy_helpers(tmp_path)
     nb = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))
 
     # the untouched copy passes, so a failure below is caused by the change
     untouched = tmp_path / "untouched" / NOTEBOOK
     untouched.parent.mkdir()
-    shutil.copy(BOOK / "plots.py", untouched.parent / "plots.py")
+    copy_helpers(untouched.parent)
     untouched.write_text(json.dumps(nb), encoding="utf-8")
     result = run_nbval(untouched)
     assert result.returncode == 0, result.stdout[-2000:]
@@ -62,3 +73,51 @@ def test_changed_stored_number_fails_nbval(tmp_path):
     result = run_nbval(copy)
     assert result.returncode != 0, result.stdout[-2000:]
     assert "0.98522026" in result.stdout  # nbval shows the stored line
+
+
+def sanitizer_patterns():
+    """The regular expressions of tests/nbval_sanitize.cfg."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "tests" / "nbval_sanitize.cfg", encoding="utf-8")
+    return {
+        name: re.compile(parser[name]["regex"]) for name in parser.sections()
+    }
+
+
+def compared_outputs():
+    """(notebook, cell index, text) of every output nbval compares."""
+    for path in sorted(BOOK.glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        for i, cell in enumerate(cells):
+            source = "".join(cell.get("source", []))
+            if cell["cell_type"] != "code" or source.startswith(
+                "# NBVAL_IGNORE_OUTPUT"
+            ):
+                continue
+            for out in cell.get("outputs", []):
+                texts = [out.get("text", "")]
+                texts.append(out.get("data", {}).get("text/plain", ""))
+                texts.append(out.get("evalue", ""))
+                for text in texts:
+                    yield path.name, i, "".join(text)
+
+
+def test_sanitizers_hide_nothing_that_is_compared():
+    """The sanitizers exist for what can never reproduce (addresses, paths,
+    timings); if one matched a compared output, it could hide a number."""
+    patterns = sanitizer_patterns()
+    assert set(patterns) == {"memory addresses", "absolute paths", "timings"}
+    hits = [
+        f"{name} cell {i}: {label} {match.group(0)!r}"
+        for name, i, text in compared_outputs()
+        for label, pattern in patterns.items()
+        for match in pattern.finditer(text)
+    ]
+    assert hits == []
+
+
+def test_sanitizer_check_sees_a_timing():
+    """The check above is able to fail: a printed timing is seen."""
+    patterns = sanitizer_patterns()
+    assert patterns["timings"].search("training took 14.5 s")
+    assert patterns["absolute paths"].search("read /work/main/book/x.csv")

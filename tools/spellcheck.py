@@ -1,7 +1,8 @@
 """Spell-check the book's prose with codespell: the markdown cells of every
 notebook and the Markdown files (code and outputs are not prose).
 
-Words that are right but unknown to codespell go in .codespell-words.
+Words that are right but unknown to codespell go in .codespell-words
+(named in pyproject.toml's [tool.codespell], where all its settings live).
 Usage: python tools/spellcheck.py   (exit status 1 when a misspelling is found)
 """
 
@@ -39,9 +40,8 @@ def main():
         names = prose_files(tmp)
         out = io.StringIO()
         with redirect_stdout(out):
-            status = codespell(
-                "--ignore-words", str(ROOT / ".codespell-words"), *names
-            )
+            # settings (the list of accepted words) in pyproject.toml
+            status = codespell("--toml", str(ROOT / "pyproject.toml"), *names)
     report = out.getvalue()
     for path, name in sorted(names.items(), key=lambda kv: -len(kv[0])):
         report = report.replace(path, name)

@@ -1,0 +1,58 @@
+"""Book-wide conventions that every chapter keeps (CONTRIBUTING.md)."""
+
+import json
+import re
+import sys
+
+import pytest
+from conftest import BOOK
+
+NOTEBOOKS = sorted(p.name for p in BOOK.glob("*.ipynb"))
+ORIGINAL = re.compile(r"```(\{code-block\}\s+)?(r|julia)\b")
+PYTHON = re.compile(r"```python\n(.*?)```", flags=re.S)
+
+
+def cells_of(name):
+    return json.loads((BOOK / name).read_text(encoding="utf-8"))["cells"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_python_tabs_equal_the_cells_that_run(name):
+    """A tab set shows an original (R or Julia) beside its Python translation;
+    the Python is exactly the folded code cell that follows and runs."""
+    cells = cells_of(name)
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown" or "{tab-set}" not in text:
+            continue
+        assert ORIGINAL.search(text), f"cell {i}: no original (R/Julia) tab"
+        blocks = PYTHON.findall(text)
+        if not blocks:  # an original shown alone (it cannot be run here)
+            continue
+        assert len(blocks) == 1, f"cell {i}: one Python tab per tab set"
+        following = cells[i + 1]
+        assert following["cell_type"] == "code", f"cell {i + 1}"
+        assert "hide-input" in following["metadata"].get("tags", []), i + 1
+        assert "".join(following["source"]).strip() == blocks[0].strip(), i
+
+
+def test_tab_check_sees_a_drifted_tab(tmp_path, monkeypatch):
+    """The check above can fail: a tab whose code differs from its cell."""
+    cells = [
+        {
+            "cell_type": "markdown",
+            "source": [
+                "::::{tab-set}\n```r\nx <- 1\n```\n```python\nx = 1\n```\n"
+            ],
+            "metadata": {},
+        },
+        {
+            "cell_type": "code",
+            "source": ["x = 2"],
+            "metadata": {"tags": ["hide-input"]},
+        },
+    ]
+    (tmp_path / "nb.ipynb").write_text(json.dumps({"cells": cells}))
+    monkeypatch.setattr(sys.modules[__name__], "BOOK", tmp_path)
+    with pytest.raises(AssertionError):
+        test_python_tabs_equal_the_cells_that_run("nb.ipynb")

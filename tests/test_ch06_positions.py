@@ -1,0 +1,419 @@
+"""Chapter 6 (positions): the attention module, the three kinds of
+positions, the pre-norm block and the forward-fill model of the notebook."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import load_chapter
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+ATOL = 1e-6  # float32, as in the chapter
+
+# (B, T, d, H): one head, many heads, one token, head size 1, odd sizes
+SHAPES = [
+    (1, 3, 32, 4),
+    (2, 5, 12, 3),
+    (3, 1, 8, 8),
+    (4, 7, 16, 1),
+    (2, 6, 30, 5),
+    (1, 9, 6, 6),
+    (3, 8, 64, 8),
+]
+MASKS = [None, "causal", "padding", "causal+padding", "random"]
+
+
+@pytest.fixture(scope="module")
+def ch():
+    return load_chapter("06_positions.ipynb")
+
+
+@pytest.fixture(scope="module")
+def ch05():
+    return load_chapter("05_multi_head.ipynb")
+
+
+def randomise(module, gen):
+    """Random biases and LayerNorm scales, so that every parameter counts."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+
+
+def make_masks(kind, B, T, H, gen):
+    """Our (mask, padding_mask) and PyTorch's (src_mask, key_padding_mask)."""
+    mask = padding = None
+    if kind is not None and "causal" in kind:
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if kind is not None and "padding" in kind:
+        lengths = torch.randint(1, T + 1, (B,), generator=gen)
+        padding = torch.arange(T) < lengths[:, None]  # the first is real
+    if kind == "random":
+        mask = torch.rand(B, T, T, generator=gen) < 0.5
+        mask |= torch.eye(T, dtype=torch.bool)  # no query without a key
+    torch_mask = None
+    if mask is not None:
+        torch_mask = (
+            ~mask if mask.dim() == 2 else (~mask).repeat_interleave(H, 0)
+        )
+    torch_pad = None if padding is None else ~padding
+    return (mask, padding), (torch_mask, torch_pad)
+
+
+# ---------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("B, T, d, H", SHAPES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_self_attention_equals_torch(ch, B, T, d, H, masked):
+    gen = torch.Generator().manual_seed(B * 100 + T)
+    torch.manual_seed(T)
+    attn = ch.SelfAttention(d, H)
+    randomise(attn, gen)
+    mha = ch.to_torch_mha(attn)
+    x = torch.randn(B, T, d, generator=gen)
+    mask = torch.ones(T, T, dtype=torch.bool).tril() if masked else None
+    with torch.no_grad():
+        out, w = attn(x, mask)
+        out_t, w_t = mha(
+            x, x, x, attn_mask=ch.blocked(mask), average_attn_weights=False
+        )
+    assert out.shape == (B, T, d) and w.shape == (B, H, T, T)
+    torch.testing.assert_close(out, out_t, rtol=0, atol=ATOL)
+    torch.testing.assert_close(w, w_t, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("B, T, d, H", SHAPES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_self_attention_equals_chapter5_batched(ch, ch05, B, T, d, H, masked):
+    """With zero input biases, the compact module is chapter 5's batched one."""
+    torch.manual_seed(T + d)
+    theirs = ch05.BatchedMultiHeadAttention(d, H)
+    ours = ch.SelfAttention(d, H)
+    with torch.no_grad():
+        ours.in_proj.weight.copy_(theirs.qkv.weight)
+        ours.in_proj.bias.zero_()
+        ours.out_proj.load_state_dict(theirs.output_linear.state_dict())
+    x = torch.randn(B, T, d)
+    mask = torch.ones(T, T, dtype=torch.bool).tril() if masked else None
+    with torch.no_grad():
+        out, w = ours(x, mask)
+        out_5, w_5 = theirs(x, mask=mask, return_weights=True)
+    torch.testing.assert_close(out, out_5, rtol=0, atol=ATOL)
+    torch.testing.assert_close(w, w_5, rtol=0, atol=ATOL)
+
+
+def test_attend_equals_sdpa(ch):
+    gen = torch.Generator().manual_seed(0)
+    Q, K, V = torch.randn(3, 2, 3, 6, 5, generator=gen)
+    keep = torch.rand(6, 6, generator=gen) < 0.5
+    keep[:, 0] = True
+    for mask in (None, keep):
+        out, w = ch.attend(Q, K, V, mask)
+        torch.testing.assert_close(
+            out,
+            F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
+            rtol=0,
+            atol=ATOL,
+        )
+        torch.testing.assert_close(
+            w.sum(-1), torch.ones(2, 3, 6), rtol=0, atol=ATOL
+        )
+
+
+# ---------------------------------------------------------------- block
+
+
+def check_block(ch, B, T, d, H, kind, seed, d_ff=None):
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    block = ch.EncoderBlock(d, H, d_ff or 2 * d + 1)
+    randomise(block, gen)
+    layer = ch.to_torch_layer(block)
+    x = torch.randn(B, T, d, generator=gen)
+    (mask, pad), (t_mask, t_pad) = make_masks(kind, B, T, H, gen)
+    with torch.no_grad():
+        ours = block(x, mask, pad)
+        theirs = layer(x, src_mask=t_mask, src_key_padding_mask=t_pad)
+        layer.train()  # the slow path too (dropout is 0)
+        theirs_train = layer(x, src_mask=t_mask, src_key_padding_mask=t_pad)
+    assert ours.shape == (B, T, d)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
+    torch.testing.assert_close(ours, theirs_train, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("B, T, d, H", SHAPES)
+def test_block_equals_torch_layer(ch, B, T, d, H, kind):
+    check_block(ch, B, T, d, H, kind, seed=B + 10 * T + 100 * d)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    T=st.integers(1, 9),
+    H=st.integers(1, 4),
+    d_h=st.integers(1, 8),
+    d_ff=st.integers(1, 40),
+    kind=st.sampled_from(MASKS),
+    seed=st.integers(0, 10_000),
+)
+def test_block_equals_torch_layer_random(ch, B, T, H, d_h, d_ff, kind, seed):
+    check_block(ch, B, T, H * d_h, H, kind, seed, d_ff=d_ff)
+
+
+def test_parameter_count(ch):
+    for d, H, d_ff in ((8, 2, 16), (48, 1, 96), (30, 5, 7)):
+        block = ch.EncoderBlock(d, H, d_ff)
+        table = ch.parameter_table(block)
+        expected = 4 * d**2 + 2 * d * d_ff + d_ff + 9 * d
+        assert table["total"][0] == expected
+        assert ch.count_parameters(ch.to_torch_layer(block)) == expected
+        assert (
+            sum(n for k, (n, _) in table.items() if k != "total") == expected
+        )
+
+
+# ---------------------------------------------------------------- positions
+
+
+def test_sinusoids_follow_the_formula(ch):
+    pe = ch.sinusoidal_encoding(20, 10)
+    for pos in range(20):
+        for i in range(5):
+            angle = pos / 10000 ** (2 * i / 10)
+            assert abs(pe[pos, 2 * i].item() - math.sin(angle)) < 1e-12
+            assert abs(pe[pos, 2 * i + 1].item() - math.cos(angle)) < 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.integers(1, 40), T=st.integers(2, 80), k=st.integers(-79, 79))
+def test_sinusoid_shift_is_a_fixed_linear_map(ch, d, T, k):
+    assume(abs(k) < T)
+    d = 2 * d
+    pe = ch.sinusoidal_encoding(T, d)
+    pos = torch.arange(max(0, -k), min(T, T - k))  # pos and pos + k exist
+    M = ch.shift_matrix(k, d)
+    torch.testing.assert_close(pe[pos] @ M, pe[pos + k], rtol=0, atol=1e-11)
+    # a rotation: orthogonal, and M_k M_j = M_{k+j}
+    torch.testing.assert_close(
+        M @ M.T, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-12
+    )
+    torch.testing.assert_close(
+        M @ ch.shift_matrix(3, d),
+        ch.shift_matrix(k + 3, d),
+        rtol=0,
+        atol=1e-12,
+    )
+
+
+@pytest.mark.parametrize("T, d", [(30, 8), (64, 48), (5, 2)])
+def test_sinusoid_dot_product_depends_on_distance_only(ch, T, d):
+    pe = ch.sinusoidal_encoding(T, d)
+    gram = pe @ pe.T
+    for shift in range(1, T):
+        torch.testing.assert_close(
+            gram[shift:, shift:], gram[:-shift, :-shift], rtol=0, atol=1e-12
+        )
+    torch.testing.assert_close(gram, gram.T, rtol=0, atol=1e-12)
+
+
+def reference_rope(x, positions):
+    """Equation pos-rope with explicit 2 x 2 matrices, one row at a time."""
+    T, d_h = x.shape
+    out = torch.empty_like(x)
+    for t in range(T):
+        for i in range(d_h // 2):
+            phi = positions[t].item() * 10000 ** (-2 * i / d_h)
+            R = torch.tensor(
+                [
+                    [math.cos(phi), math.sin(phi)],
+                    [-math.sin(phi), math.cos(phi)],
+                ],
+                dtype=x.dtype,
+            )
+            out[t, 2 * i : 2 * i + 2] = x[t, 2 * i : 2 * i + 2] @ R
+    return out
+
+
+def test_rotary_is_equation_pos_rope(ch):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 10, dtype=torch.float64, generator=gen)
+    positions = torch.tensor([0, 1, 2, 5, 9, 30, 100])
+    torch.testing.assert_close(
+        ch.rotary(x, positions),
+        reference_rope(x, positions),
+        rtol=0,
+        atol=1e-12,
+    )
+    torch.testing.assert_close(
+        ch.rotary(x), reference_rope(x, torch.arange(7)), rtol=0, atol=1e-12
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    d_h=st.integers(1, 32),
+    m=st.integers(0, 500),
+    n=st.integers(0, 500),
+    shift=st.integers(-200, 200),
+    seed=st.integers(0, 10_000),
+)
+def test_rotary_score_depends_on_distance_only(ch, d_h, m, n, shift, seed):
+    d_h = 2 * d_h
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 1, d_h, dtype=torch.float64, generator=gen)
+    m_, n_ = torch.tensor([m]), torch.tensor([n])
+    score = (ch.rotary(q, m_) * ch.rotary(k, n_)).sum()
+    relative = (q * ch.rotary(k, n_ - m_)).sum()
+    moved = (ch.rotary(q, m_ + shift) * ch.rotary(k, n_ + shift)).sum()
+    assert abs(score - relative) < 1e-10
+    assert abs(score - moved) < 1e-10
+    # a rotation keeps the length of every vector
+    assert abs(ch.rotary(q, m_).norm() - q.norm()) < 1e-12
+
+
+def test_rotary_model_scores_are_toeplitz(ch):
+    """In a rotary model, the score of a blank for a digit depends on n - m;
+    with learned positions it does not."""
+    torch.manual_seed(0)
+    rotary_model = ch.FillModel("rotary").double()
+    learned_model = ch.FillModel("learned").double()
+    s = ch.position_scores(rotary_model, 20)
+    torch.testing.assert_close(s[3:, 3:], s[:-3, :-3], rtol=0, atol=1e-10)
+    s = ch.position_scores(learned_model, 20)
+    assert (s[3:, 3:] - s[:-3, :-3]).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------- order
+
+
+@pytest.mark.parametrize("B, T, d, H", SHAPES)
+def test_attention_and_block_are_permutation_equivariant(ch, B, T, d, H):
+    gen = torch.Generator().manual_seed(d + T)
+    torch.manual_seed(d)
+    attn, block = ch.SelfAttention(d, H), ch.EncoderBlock(d, H, 2 * d)
+    x = torch.randn(B, T, d, generator=gen)
+    perm = torch.randperm(T, generator=gen)
+    with torch.no_grad():
+        out, w = attn(x)
+        out_p, w_p = attn(x[:, perm])
+        torch.testing.assert_close(out_p, out[:, perm], rtol=0, atol=ATOL)
+        torch.testing.assert_close(
+            w_p, w[:, :, perm][:, :, :, perm], rtol=0, atol=ATOL
+        )
+        torch.testing.assert_close(
+            block(x[:, perm]), block(x)[:, perm], rtol=0, atol=ATOL
+        )
+
+
+@pytest.mark.parametrize("scheme", ["none", "sinusoidal", "learned", "rotary"])
+def test_positions_break_equivariance(ch, scheme):
+    torch.manual_seed(1)
+    model = ch.FillModel(scheme).double()
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 11, (4, 12), generator=gen)
+    perm = torch.randperm(12, generator=gen)
+    with torch.no_grad():
+        change = (model(tokens[:, perm]) - model(tokens)[:, perm]).abs().max()
+    if scheme == "none":
+        assert change < 1e-10
+    else:
+        assert change > 1e-3
+
+
+def test_without_positions_every_blank_gets_the_same_answer(ch):
+    """The ceiling of equation pos-ceiling holds for any position-free model."""
+    gen = torch.Generator().manual_seed(5)
+    x, y = ch.make_batch(200, 16, gen)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = ch.FillModel("none").double()
+        assert ch.blank_rows_spread(model, x) < 1e-12
+        assert ch.accuracy(model, x, y) <= ch.position_free_ceiling(x, y)
+
+
+# ---------------------------------------------------------------- the task
+
+
+def reference_fill(row):
+    out, last = [], None
+    for t in row.tolist():
+        last = t if t != 10 else last
+        out.append(last)
+    return out
+
+
+def test_forward_fill_and_batches(ch):
+    gen = torch.Generator().manual_seed(7)
+    for T in (1, 2, 16, 40):
+        x, y = ch.make_batch(50, T, gen)
+        assert x.shape == y.shape == (50, T)
+        assert (x[:, 0] != ch.BLANK).all()
+        assert ((x >= 0) & (x <= ch.BLANK)).all()
+        assert all(reference_fill(r) == f.tolist() for r, f in zip(x, y))
+        assert ((y >= 0) & (y < 10)).all()
+    assert ch.decode(ch.encode("5__8_1")[0]) == "5__8_1"
+    assert ch.forward_fill(ch.encode("5__8_1")).tolist() == [
+        [5, 5, 5, 8, 8, 1]
+    ]
+
+
+def test_ceiling_by_hand(ch):
+    x = ch.encode("5__8___")  # blanks need 5, 5, 8, 8, 8
+    y = ch.forward_fill(x)
+    assert ch.position_free_ceiling(x, y) == pytest.approx(3 / 5)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_raise_value_error(ch):
+    x = torch.randn(2, 5, 8)
+    block = ch.EncoderBlock(8, 2, 16)
+    with pytest.raises(ValueError, match="not divisible"):
+        ch.SelfAttention(10, 3)
+    with pytest.raises(ValueError, match="not divisible"):
+        ch.EncoderBlock(12, 5, 8)
+    with pytest.raises(ValueError, match="even head size"):
+        ch.RotarySelfAttention(12, 4)  # d_h = 3
+    with pytest.raises(ValueError, match="even head size"):
+        ch.EncoderBlock(6, 2, 8, rotary=True)
+    with pytest.raises(ValueError, match="even"):
+        ch.rotary(torch.randn(2, 5, 7))
+    with pytest.raises(ValueError, match="positions"):
+        ch.rotary(torch.randn(5, 4), torch.arange(4))
+    with pytest.raises(ValueError, match="mask"):
+        block(x, mask=torch.ones(5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        block(x, mask=torch.ones(3, 5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="boolean"):
+        block(x, mask=torch.ones(5, 5))
+    with pytest.raises(ValueError, match="padding_mask"):
+        block(x, padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="no key"):
+        block(x, padding_mask=torch.tensor([[True] * 5, [False] * 5]))
+    with pytest.raises(ValueError, match="shape"):
+        block(torch.randn(5, 8))
+    with pytest.raises(ValueError, match="even"):
+        ch.sinusoidal_encoding(4, 7)
+    with pytest.raises(ValueError, match="scheme"):
+        ch.FillModel("alibi")
+    with pytest.raises(ValueError, match="64 learned positions"):
+        ch.FillModel("learned")(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="digit"):
+        ch.forward_fill(ch.encode("_5"))
+
+
+def test_fully_masked_row_is_refused_not_nan(ch):
+    """Causal mask and left padding leave the first query without a key."""
+    block = ch.EncoderBlock(8, 2, 16)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    left_padded = torch.tensor([[False, True, True, True]])
+    with pytest.raises(ValueError, match="no key"):
+        block(torch.randn(1, 4, 8), causal, left_padded)

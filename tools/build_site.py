@@ -1,0 +1,83 @@
+"""Build the book's site from the notebooks' stored outputs, with Sphinx
+warnings as errors (`make test` runs it before the tests).
+
+Execution is off: nbval, in the same `make test`, re-executes every
+notebook and proves that a fresh run prints exactly the stored outputs, so
+executing them here as well would only double the time. (`make book` builds
+the same pages by executing the notebooks.) The result is recorded in
+`_build/site-build.json` for the tests that inspect the site.
+
+Usage: python tools/build_site.py              (exit status: the build's)
+       python tools/build_site.py --linkcheck  (check the external links)
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "_build" / "site-build.json"
+
+
+def build(builder="html"):
+    """Run a fresh build; return (returncode, log) and record them.
+
+    The pages and Sphinx's saved environment are removed first (a clean
+    build takes seconds): an incremental build would keep pages rendered by
+    an older version of the site's extension. The execution cache of
+    `make book` is kept.
+    """
+    for folder in ("html", ".doctrees"):
+        shutil.rmtree(ROOT / "_build" / folder, ignore_errors=True)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    config["execute"]["execute_notebooks"] = "off"
+    # the configuration file moves: make its relative paths absolute
+    extensions = config["sphinx"]["local_extensions"]
+    for name, folder in extensions.items():
+        extensions[name] = str(ROOT / folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "_config.yml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        jb = Path(sys.executable).parent / "jupyter-book"
+        result = subprocess.run(
+            [str(jb), "build", str(ROOT), "--config", str(path)]
+            + ["--builder", builder, "-W", "-n", "--keep-going"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+    log = result.stdout + result.stderr
+    if builder != "html":
+        return result.returncode, log
+    RECORD.parent.mkdir(exist_ok=True)
+    RECORD.write_text(
+        json.dumps({"returncode": result.returncode, "log": log}),
+        encoding="utf-8",
+    )
+    return result.returncode, log
+
+
+def main(argv):
+    if argv not in ([], ["--linkcheck"]):
+        sys.exit(__doc__)
+    if argv:
+        returncode, log = build("linkcheck")
+        print(log[-6000:])
+        return returncode
+    returncode, log = build()
+    if returncode != 0:
+        print(log[-6000:])
+        print("build_site: the site did not build (see the log above)")
+    else:
+        print("build_site: built _build/html from the stored outputs (-W)")
+    return returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
