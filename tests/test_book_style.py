@@ -2,6 +2,7 @@
 
 import json
 import re
+import statistics
 import sys
 
 import pytest
@@ -56,3 +57,22 @@ def test_tab_check_sees_a_drifted_tab(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "BOOK", tmp_path)
     with pytest.raises(AssertionError):
         test_python_tabs_equal_the_cells_that_run("nb.ipynb")
+
+
+def test_teaching_cells_are_short():
+    """Issue 17: a median code cell of at most 6 lines and at most 3 cells
+    over 40 lines in the whole book, each one a class the text walks through
+    (`python tools/cell_stats.py` prints the figures)."""
+    from cell_stats import LONG, code_cell_lengths
+
+    every, long_cells = [], []
+    for name in NOTEBOOKS:
+        cells = cells_of(name)
+        for i, n in code_cell_lengths(BOOK / name):
+            every.append(n)
+            if n > LONG:
+                long_cells.append((name, i, "".join(cells[i]["source"])))
+    assert statistics.median(every) <= 6
+    assert len(long_cells) <= 3, [(name, i) for name, i, _ in long_cells]
+    for name, i, source in long_cells:
+        assert source.lstrip().startswith("class "), (name, i)
