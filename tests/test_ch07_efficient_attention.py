@@ -1,7 +1,7 @@
 """Chapter 7: online softmax, tiled attention and the benchmark script."""
 
-import subprocess
 import sys
+import types
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,6 @@ ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 @pytest.fixture(scope="module")
 def ch07():
-    torch.set_num_threads(1)
     return load_chapter("07_efficient_attention.ipynb")
 
 
@@ -311,115 +310,81 @@ def test_tiled_rejects_bad_tensors(ch07):
         ch07.tiled_attention(q.numpy(), k, v)
 
 
-def test_cost_model(ch07):
-    assert ch07.attention_cost(4096) == (4 * 4096**2 * 64 * 8, 4 * 4096**2 * 8)
-    assert ch07.tiled_bytes(4096) == 4 * (
-        8 * 128 * 512 + 8 * 4096 * (3 * 64 + 2)
+def test_cost_model_counts_the_flops_of_the_tile_schedule(ch07):
+    """4 T^2 d per head is what the tiles' two products add up to: 2 b_q b_k d
+    for the scores and 2 b_q b_k d for P V, summed over every tile."""
+    for T, bq, bk in ((4096, 128, 512), (1000, 96, 70), (5, 2, 3)):
+        tiles = ch07.tile_schedule(T, T, bq, bk)
+        per_head = sum(
+            4 * (i1 - i0) * (j1 - j0) * 64 for i0, i1, j0, j1, _ in tiles
+        )
+        assert ch07.attention_cost(T, d=64, heads=8)[0] == 8 * per_head
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_maxima_rising_late(ch07, causal):
+    """Scores rise key by key, the largest by far in the last tile: every tile
+    raises the running maximum and must rescale all that came before."""
+    T, gen = 64, torch.Generator().manual_seed(5)
+    q = torch.zeros(1, T, 2, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, T, 2, dtype=torch.float64)
+    k[0, :, 0] = torch.linspace(0.0, 400.0, T, dtype=torch.float64) ** 1.5 / 20
+    v = torch.randn(1, T, 3, generator=gen, dtype=torch.float64)
+    out = ch07.tiled_attention(q, k, v, causal, block_q=8, block_k=8)
+    assert_close(
+        out, ch07.attention_torch(q, k, v, causal), rtol=0, atol=1e-12
     )
 
 
 # --- the benchmark script ------------------------------------------------------------
 
+TINY = [
+    "--sizes", "24", "40", "--heads", "2", "--d", "8", "--loop-max", "24",
+    "--min-repeats", "1", "--max-repeats", "2", "--max-seconds", "0.01",
+    "--matmul-size", "64", "--block-q", "16", "--block-k", "16", "--no-memory",
+]  # fmt: skip
 
-def test_benchmark_script_runs_end_to_end(tmp_path):
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_attention
+
+    return bench_attention
+
+
+def test_benchmark_script_runs_end_to_end(bench, tmp_path, capsys):
     csv, png = tmp_path / "bench.csv", tmp_path / "bench.png"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench_attention.py"),
-            "--sizes",
-            "24",
-            "40",
-            "--heads",
-            "2",
-            "--d",
-            "8",
-            "--loop-max",
-            "24",
-            "--min-repeats",
-            "1",
-            "--max-repeats",
-            "2",
-            "--max-seconds",
-            "0.01",
-            "--matmul-size",
-            "64",
-            "--block-q",
-            "16",
-            "--block-k",
-            "16",
-            "--csv",
-            str(csv),
-            "--png",
-            str(png),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
+    bench.main(bench.parse_args(TINY + ["--csv", str(csv), "--png", str(png)]))
     df = pd.read_csv(csv)
-    names = {
-        "loop (NumPy)",
-        "NumPy",
-        "PyTorch by hand",
-        "F.scaled_dot_product_attention",
-        "tiled (ours)",
-        "F.scaled_dot_product_attention, causal",
-        "tiled (ours), causal",
+    assert set(df["implementation"]) == set(bench.PROGRAMS) | {
+        "matmul ceiling"
     }
-    assert set(df["implementation"]) == names | {"matmul ceiling"}
     timed = df[df["implementation"] != "matmul ceiling"]
     assert len(timed) == 7 + 6  # the loop only at T = 24
     assert (timed["median_ms"] > 0).all() and (timed["gflop_per_s"] > 0).all()
-    assert timed["peak_extra_mib"].notna().all()
-    assert png.stat().st_size > 10_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "tiled / SDPA throughput" in result.stdout
+    assert "tiled / SDPA throughput" in capsys.readouterr().out
 
 
-def test_benchmark_script_catches_a_wrong_program(tmp_path):
+def test_benchmark_measures_memory_in_a_child_process(bench):
+    """The naive program at T = 512 holds at least one 512 x 512 float32
+    matrix per head (1 MiB for 1 head); the measurement must see it."""
+    args = bench.parse_args(["--heads", "1", "--d", "8"])
+    peak = bench.measure_memory("PyTorch by hand", 512, args)
+    assert 512 * 512 * 4 <= peak < 64 * 2**20
+
+
+def test_benchmark_catches_a_wrong_program(bench, ch07):
     """The script refuses to time a program whose output is wrong."""
-    script = (ROOT / "tools" / "bench_attention.py").read_text()
-    root_line = "ROOT = Path(__file__).resolve().parents[1]"
-    call_line = "    return lambda: fn(*inputs, causal=causal, **kwargs)"
-    assert root_line in script and call_line in script
-    broken = tmp_path / "bench_broken.py"
-    broken.write_text(
-        script.replace(root_line, f"ROOT = Path({str(ROOT)!r})").replace(
-            call_line,
-            '    if name == "NumPy":\n'
-            "        return lambda: fn(*inputs) + 1\n" + call_line,
-        )
+    broken = types.SimpleNamespace(**vars(ch07))
+    broken.attention_numpy = lambda q, k, v, causal=False: (
+        ch07.attention_numpy(q, k, v, causal) + 1e-3
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(broken),
-            "--sizes",
-            "24",
-            "--heads",
-            "1",
-            "--d",
-            "4",
-            "--no-memory",
-            "--matmul-size",
-            "32",
-            "--min-repeats",
-            "1",
-            "--max-repeats",
-            "1",
-            "--csv",
-            str(tmp_path / "x.csv"),
-            "--png",
-            str(tmp_path / "x.png"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert result.returncode != 0
-    assert "NumPy differs from PyTorch by hand" in result.stderr
-    assert not (tmp_path / "x.csv").exists()
+    args = bench.parse_args(TINY)
+    bench.check_equal(ch07, 24, args)  # the real chapter passes
+    with pytest.raises(
+        RuntimeError, match="NumPy differs from PyTorch by hand"
+    ):
+        bench.check_equal(broken, 24, args)

@@ -23,9 +23,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
+
+import chapter_loader
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "07_efficient_attention.ipynb"
@@ -104,32 +108,16 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-ARGS = parse_args()
-# Thread counts must be fixed before NumPy's BLAS and PyTorch start their pools.
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(ARGS.threads)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from importnb import Notebook  # noqa: E402
-
-torch.set_num_threads(ARGS.threads)
-
-
-class ChapterLoader(Notebook):
-    """Load only the notebook's imports and definitions; prose as comments."""
-
-    def markdown(self, text):
-        return textwrap.indent(text, "# ")
+def set_threads(n):
+    """Use n threads in PyTorch and in NumPy's BLAS (now, and in children)."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)  # inherited by the memory-measuring children
+    threadpool_limits(n)
+    torch.set_num_threads(n)
 
 
 def load_chapter():
-    return ChapterLoader.load_file(
-        str(NOTEBOOK),
-        main=False,
-        include_non_defs=False,
-        include_markdown_docstring=False,
-    )
+    return chapter_loader.load_chapter(NOTEBOOK.name)
 
 
 def make_inputs(T, args, seed=0):
@@ -263,7 +251,7 @@ def check_equal(chapter, T, args):
         out = out.numpy() if isinstance(out, torch.Tensor) else out
         err = float(np.abs(out - reference).max())
         if not err <= 1e-4:
-            raise SystemExit(
+            raise RuntimeError(
                 f"{name} differs from {NAIVE} at T = {T}: {err:.2e}"
             )
 
@@ -432,4 +420,6 @@ def main(args):
 
 
 if __name__ == "__main__":
+    ARGS = parse_args()
+    set_threads(ARGS.threads)
     main(ARGS)
