@@ -26,7 +26,7 @@ help:
 	@echo "make test-portable  nbval again under generic CPU code paths and with two threads"
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
-	@echo "make bench          chapter 7's attention timings and chapter 6's training times"
+	@echo "make bench          chapter 8's attention timings and chapter 7's training times"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make linkcheck      check the external links of the pages (needs a network)"
 	@echo "make test-notebooks / test-code   the nbval part / the tests/ part alone"
@@ -97,10 +97,10 @@ lint: $(STAMP)
 outputs: $(STAMP)
 	$(BIN)/python tools/refresh_outputs.py $(NB)
 
-# Chapter 7's measurements: median time, GFLOP/s and peak extra memory of
+# Chapter 8's measurements: median time, GFLOP/s and peak extra memory of
 # each attention program for T = 256 ... 4096 (a few minutes; run it on a
-# quiet machine, then `make outputs NB=book/07_efficient_attention.ipynb`);
-# then chapter 6's training times (printed only).
+# quiet machine, then `make outputs NB=book/08_efficient_attention.ipynb`);
+# then chapter 7's training times (printed only).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_sentiment.py

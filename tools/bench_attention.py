@@ -1,4 +1,4 @@
-"""Benchmark the attention programs of chapter 7 (book/07_efficient_attention.ipynb).
+"""Benchmark the attention programs of chapter 8 (book/08_efficient_attention.ipynb).
 
 Times each program over several sequence lengths (one sequence, 8 heads,
 d = 64, float32), measures its peak extra memory in a fresh process, measures
@@ -32,7 +32,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "book" / "07_efficient_attention.ipynb"
+NOTEBOOK = ROOT / "book" / "08_efficient_attention.ipynb"
 
 # name in the CSV -> (function in the notebook, library of its inputs, causal)
 PROGRAMS = {

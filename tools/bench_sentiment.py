@@ -1,4 +1,4 @@
-"""Chapter 6's training times (`make bench`): wall-clock and CPU seconds of
+"""Chapter 7's training times (`make bench`): wall-clock and CPU seconds of
 1000 epochs of SGD with the post's backpropagation (a), the corrected one
 (b) and torch.autograd, on one thread. Times are reported, never asserted.
 """
@@ -25,7 +25,7 @@ def timed(label, fn):
 
 
 def main():
-    ch = load_chapter("06_sentiment.ipynb")
+    ch = load_chapter("07_sentiment.ipynb")
     ch.torch.set_num_threads(1)
     vocab, vectors = ch.load_glove(10_000)
     table = pd.read_csv(BOOK / "data" / "small.csv", keep_default_na=False)

@@ -1,4 +1,4 @@
-"""Chapter 7: online softmax, tiled attention and the benchmark script."""
+"""Chapter 8: online softmax, tiled attention and the benchmark script."""
 
 import sys
 import types
@@ -19,7 +19,7 @@ ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 @pytest.fixture(scope="module")
 def ch07():
-    return load_chapter("07_efficient_attention.ipynb")
+    return load_chapter("08_efficient_attention.ipynb")
 
 
 def qkv(T, S=None, d=16, d_v=None, batch=(2, 3), dtype=torch.float64, seed=0):

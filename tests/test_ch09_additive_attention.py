@@ -1,4 +1,4 @@
-"""Chapter 8: scores, masked attention, the reversal data and the seq2seq model."""
+"""Chapter 9: scores, masked attention, the reversal data and the seq2seq model."""
 
 import math
 
@@ -9,7 +9,7 @@ from conftest import load_chapter
 
 @pytest.fixture(scope="module")
 def ch08():
-    return load_chapter("08_additive_attention.ipynb")
+    return load_chapter("09_additive_attention.ipynb")
 
 
 def tiny():

@@ -1,4 +1,4 @@
-"""Chapter 6: the sentiment model, its hand-written gradients and its training.
+"""Chapter 7: the sentiment model, its hand-written gradients and its training.
 
 Every number the Julia post printed lives in the chapter (SOURCE_RED,
 SOURCE_TOKENS); these tests hold none of them.
@@ -13,7 +13,7 @@ import pytest
 from conftest import BOOK, load_chapter
 from numpy.testing import assert_allclose, assert_array_equal
 
-NOTEBOOK = "06_sentiment.ipynb"
+NOTEBOOK = "07_sentiment.ipynb"
 GRAD_NAMES = ("Q", "Qb", "K", "Kb", "V", "Vb", "W", "b")
 
 
