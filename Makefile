@@ -14,6 +14,13 @@ NB ?= $(NOTEBOOKS)
 # runs whole in one worker (--dist loadscope). JOBS=1 runs everything in order.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope)
+# Each worker's kernels get their share of the cores: N workers that each
+# start one math thread per core would oversubscribe the machine, and
+# OpenMP threads waiting for a core slow small operations tenfold. (Speed
+# only: make test-portable proves that no digit depends on the thread count.)
+SHARE := OMP_NUM_THREADS=$(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(JOBS) )); [ $$n -lt 1 ] && n=1; echo $$n)
+SHARE += MKL_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
+SHARE += OPENBLAS_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
 
 .PHONY: help venv book html test test-portable test-notebooks test-code lint \
         outputs bench screenshots linkcheck clean distclean
@@ -69,7 +76,8 @@ book: html
 test: lint
 	$(BIN)/python tools/build_site.py
 	$(BIN)/python tools/stage_downloads.py
-	BOOK_SITE_BUILT=1 $(BIN)/python -m pytest $(XDIST) _build/downloads/*/*.ipynb tests
+	BOOK_SITE_BUILT=1 $(SHARE) $(BIN)/python -m pytest $(XDIST) \
+		_build/downloads/*/*.ipynb tests
 
 # The stored outputs again, under other CPU code paths (tools/test_portable.py):
 # no printed digit may depend on the processor or the thread count.
@@ -77,10 +85,10 @@ test-portable: $(STAMP)
 	$(BIN)/python tools/test_portable.py --jobs $(JOBS)
 
 test-notebooks: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS)
+	$(SHARE) $(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS)
 
 test-code: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) tests
+	$(SHARE) $(BIN)/python -m pytest $(XDIST) tests
 
 # Style and spelling: ruff reads the notebooks natively; codespell reads the
 # prose only (markdown cells and Markdown files); check-jsonschema validates

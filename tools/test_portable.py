@@ -133,13 +133,19 @@ def main(argv=None):
             failed.append(name)
             continue
         command = [sys.executable, "-m", "pytest", "-q", *notebooks]
-        if args.jobs > 1:
-            command += ["-n", str(args.jobs), "--dist", "loadscope"]
+        # workers x threads per kernel <= cores: oversubscribed OpenMP
+        # threads wait for each other and slow small operations tenfold
+        threads = int(changes.get("OMP_NUM_THREADS", "1"))
+        jobs = max(1, min(args.jobs, (os.cpu_count() or 1) // threads))
+        if jobs > 1:
+            command += ["-n", str(jobs), "--dist", "loadscope"]
         start = time.perf_counter()
         result = subprocess.run(command, env=env, cwd=ROOT)
         times[name] = time.perf_counter() - start
         print(
-            f"    variant {name}: nbval took {times[name]:.0f} s", flush=True
+            f"    variant {name}: nbval took {times[name]:.0f} s"
+            f" ({jobs} worker{'s' if jobs > 1 else ''})",
+            flush=True,
         )
         if result.returncode != 0:
             failed.append(name)
