@@ -50,30 +50,34 @@ PROGRAMS = {
     "fast tiled (ours)": ("fast_attention", "torch", False),
     "fast tiled (ours), causal": ("fast_attention", "torch", True),
 }
-# the ablation at one T: the fast program with one change undone at a time,
-# beside the simple one and the fused kernel; name -> (function, keywords)
-ABLATION = {
-    "F.scaled_dot_product_attention": ("attention_sdpa", {}),
-    "tiled (simple)": ("tiled_attention", {}),
-    "fast, all changes": ("fast_attention", {}),
-    "fast, without base 2": ("fast_attention", {"levers": {"base2": False}}),
-    "fast, shift as a separate pass": (
-        "fast_attention",
-        {"levers": {"inside": False}},
-    ),
-    "fast, sums as a separate pass": (
-        "fast_attention",
-        {"levers": {"ones": False}},
-    ),
-    "fast, maximum of every tile": (
-        "fast_attention",
-        {"levers": {"lazy": False}},
-    ),
-    "fast, simple's tiles (128 x 512)": (
+# the ablation at one T: the fast program as the chapter sets it (LEVERS),
+# with each of its four changes toggled in turn, and with the simple
+# program's tiles, beside the simple program and the fused kernel
+LEVER_NAMES = {
+    "base2": "base-2 exponentials",
+    "inside": "the shift inside the product",
+    "ones": "the sums from a ones column",
+    "lazy": "the lazy reference",
+}
+
+
+def ablation_variants(chapter):
+    """name -> (function, keywords) of every program of the ablation."""
+    variants = {
+        "F.scaled_dot_product_attention": ("attention_sdpa", {}),
+        "tiled (simple)": ("tiled_attention", {}),
+        "fast, as set": ("fast_attention", {}),
+    }
+    for lever, on in chapter.LEVERS.items():
+        name = f"fast, {'without' if on else 'with'} {LEVER_NAMES[lever]}"
+        variants[name] = ("fast_attention", {"levers": {lever: not on}})
+    variants["fast, the simple version's tiles"] = (
         "fast_attention",
         {"block_q": 128, "block_k": 512},
-    ),
-}
+    )
+    return variants
+
+
 PARTS = ("main", "ablation", "tiles")
 NAIVE = "PyTorch by hand"
 
@@ -607,7 +611,12 @@ def main(args):
         run_main(chapter, args, info)
     T = max(args.sizes)
     for part, variants, causals, path in (
-        ("ablation", ABLATION, (False, True), args.ablation_csv),
+        (
+            "ablation",
+            ablation_variants(chapter),
+            (False, True),
+            args.ablation_csv,
+        ),
         ("tiles", sweep_variants(args), (False,), args.tiles_csv),
     ):
         if part in args.parts:
