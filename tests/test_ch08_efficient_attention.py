@@ -584,6 +584,8 @@ def test_benchmark_script_runs_end_to_end(bench, ch07, tmp_path, capsys):
     assert set(ablation["variant"]) == set(variants)
     assert len(ablation) == 2 * len(variants)  # causal and not
     tiles = pd.read_csv(paths["tiles-csv"]).dropna(subset=["tile_q"])
+    assert sorted(tiles["causal"]) == [False] * 4 + [True] * 4
+    tiles = tiles[tiles["causal"]]
     assert sorted(zip(tiles["tile_q"], tiles["tile_k"])) == [
         (8, 8), (8, 32), (16, 8), (16, 32)
     ]  # fmt: skip

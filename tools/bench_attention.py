@@ -1,18 +1,28 @@
 """Benchmark the attention programs of chapter 8 (book/08_efficient_attention.ipynb).
 
-Times each program over several sequence lengths (one sequence, 8 heads,
-d = 64, float32), measures its peak extra memory in a fresh process, measures
-the machine's float32 matrix-multiply throughput as the ceiling, and writes a
-CSV and a PNG plot that the chapter shows.
+Three parts (--parts), all with one sequence, 8 heads, d = 64, float32:
+- main: every program at several sequence lengths, its time (fastest,
+  median and slowest call), throughput and peak extra memory (in a fresh
+  process), and the float32 matrix-multiply throughput as the ceiling;
+  writes book/data/bench_attention.csv and book/images/bench_attention.png;
+- ablation: at the largest length, the fast tiled program with each of its
+  changes toggled, each call paired with a call of the fused kernel;
+  writes book/data/bench_ablation.csv;
+- tiles: the same pairing for a sweep of the fast program's tile sizes;
+  writes book/data/bench_tiles.csv.
 
-The programs are imported from the notebook itself, so the benchmark measures
-exactly the code the book prints. Every program is checked against the
-hand-written PyTorch version before it is timed.
+The programs are imported from the notebook itself (tools/chapter_loader.py),
+so the benchmark measures exactly the code the book prints. Every program is
+checked against the hand-written PyTorch version before it is timed.
 
 Usage (from the repository's top folder, with the book's virtual environment):
     python tools/bench_attention.py                 # the chapter's benchmark
+    python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
+        --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
     python tools/bench_attention.py --sizes 64 128 --max-seconds 0.2   # a quick try
-Peak memory uses Linux's /proc (VmHWM, clear_refs); elsewhere use --no-memory.
+On a busy machine, --clock cpu (one thread) times with the thread's processor
+time. Peak memory uses Linux's /proc (VmHWM, clear_refs); elsewhere use
+--no-memory.
 """
 
 import argparse
@@ -214,7 +224,7 @@ def make_call(chapter, name, T, args):
         {"block_q": args.block_q, "block_k": args.block_k}
         if fn_name == "tiled_attention"
         else {}
-    )  # the fast program uses its own tiles (FAST_BLOCK_Q, FAST_BLOCK_K)
+    )  # the fast program uses its own tiles (FAST_TILE)
     return lambda: fn(*inputs, causal=causal, **kwargs)
 
 
@@ -617,7 +627,7 @@ def main(args):
             (False, True),
             args.ablation_csv,
         ),
-        ("tiles", sweep_variants(args), (False,), args.tiles_csv),
+        ("tiles", sweep_variants(args), (False, True), args.tiles_csv),
     ):
         if part in args.parts:
             check_variants(chapter, min(args.sizes), args, variants)
