@@ -1,5 +1,6 @@
 """Chapter 8: online softmax, tiled attention and the benchmark script."""
 
+import json
 import sys
 import types
 
@@ -337,12 +338,212 @@ def test_tiled_maxima_rising_late(ch07, causal):
     )
 
 
+# --- the fast tiled attention ---------------------------------------------------
+
+ALL_LEVERS = ["as set", "all on", "all off"] + [
+    f"toggle {name}" for name in ("base2", "inside", "ones", "lazy")
+]
+
+
+def levers_of(ch07, name):
+    """The levers argument: the chapter's own, all on, all off, or the
+    chapter's with one change toggled."""
+    if name.startswith("all"):
+        return dict.fromkeys(ch07.LEVERS, name == "all on")
+    lever = name.removeprefix("toggle ")
+    return {lever: not ch07.LEVERS[lever]} if lever in ch07.LEVERS else {}
+
+
+# lengths that are and are not multiples of the tile sides, tiles of one
+# query and key, odd tiles, tiles larger than the sequence
+FAST_CASES = [
+    (1, 1, 1), (1, 512, 512), (2, 1, 1), (17, 1, 1), (17, 3, 5),
+    (17, 16, 16), (97, 3, 5), (97, 7, 64), (97, 512, 512), (200, 16, 16),
+    (200, 7, 64),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("levers", ALL_LEVERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T, block_q, block_k", FAST_CASES)
+def test_fast_equals_naive(ch07, T, block_q, block_k, causal, dtype, levers):
+    q, k, v = qkv(T, dtype=dtype, seed=T + 1)
+    expected = ch07.attention_torch(q, k, v, causal)
+    got = ch07.fast_attention(
+        q, k, v, causal, block_q, block_k, levers_of(ch07, levers)
+    )
+    assert got.dtype == dtype and got.shape == expected.shape
+    assert_close(got, expected, rtol=0, atol=ATOL[dtype])
+
+
+@pytest.mark.parametrize("levers", ALL_LEVERS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L, S", [(5, 40), (40, 5), (33, 100), (1, 9)])
+def test_fast_cross_attention_lengths(ch07, L, S, causal, levers):
+    q, k, v = qkv(L, S, d=8, d_v=5, batch=(3,))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal
+    )
+    got = ch07.fast_attention(q, k, v, causal, 4, 6, levers_of(ch07, levers))
+    assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_float32_at_benchmark_shape(ch07, causal):
+    """T = 4096, 8 heads, d = 64, the default tiles: within 1e-5 of the fused
+    kernel (an independent program) in float32."""
+    q, k, v = qkv(4096, d=64, batch=(1, 8), dtype=torch.float32)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal
+    )
+    assert_close(
+        ch07.fast_attention(q, k, v, causal), expected, rtol=0, atol=1e-5
+    )
+
+
+def late_rising_scores(T, top, dtype, seed=0):
+    """One query row per head whose scores wander in [-8, 8] and then climb
+    to `top` over the last keys: the last key tile holds the largest score
+    by far, much more than MARGIN (base 2) above key 0's."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.rand(2, T, generator=gen, dtype=dtype) * 16 - 8
+    s[:, -40:] = torch.linspace(0.0, top, 40, dtype=dtype)
+    q = torch.zeros(2, T, 2, dtype=dtype)
+    q[..., 0] = 2**0.5  # score q . k / sqrt(2) = s
+    k = torch.zeros(2, T, 2, dtype=dtype)
+    k[..., 0] = s
+    v = torch.randn(2, T, 3, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    "levers", ["as set", "all on", "all off", "toggle lazy"]
+)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "dtype, top", [(torch.float32, 300.0), (torch.float64, 1000.0)]
+)
+def test_fast_maxima_rising_late(ch07, dtype, top, causal, levers):
+    """Every term above the margin, and 2 ** (top log2 e) overflows: only a
+    row of tiles recomputed with the exact reference gives the answer."""
+    q, k, v = late_rising_scores(200, top, dtype)
+    expected = ch07.attention_torch(q, k, v, causal)
+    assert torch.isfinite(expected).all()
+    for block_q, block_k in ((16, 16), (7, 50), (512, 512), (200, 30)):
+        got = ch07.fast_attention(
+            q, k, v, causal, block_q, block_k, levers_of(ch07, levers)
+        )
+        assert_close(got, expected, rtol=0, atol=ATOL[dtype])
+
+
+def test_fast_moderate_rise_within_float32(ch07):
+    """Scores 60 above key 0's: 2 ** 86 does not overflow float32, so only
+    the margin check (not an infinity) sends the rows to the exact path."""
+    q, k, v = late_rising_scores(100, 60.0, torch.float32)
+    expected = ch07.attention_torch(q, k, v)
+    got = ch07.fast_attention(q, k, v, block_q=8, block_k=16)
+    assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_fast_large_scores_do_not_overflow(ch07):
+    q, k, v = qkv(50, dtype=torch.float32)
+    got = ch07.fast_attention(300.0 * q, k, v, block_q=8, block_k=8)
+    assert torch.isfinite(got).all()
+    expected = ch07.attention_torch(300.0 * q, k, v)
+    assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_fast_large_values_do_not_overflow(ch07):
+    """Terms up to about 2 ** 16 pass the margin check on the sums, and
+    values of 1e35 then overflow float32 in the accumulator: the check must
+    also require finite accumulators, and send those rows to the exact path."""
+    q, k, v = late_rising_scores(100, 11.0, torch.float32)
+    k[:, 0, 0] = 0.0  # key 0's score is 0, the others at most 11
+    v = v * 1e35
+    got = ch07.fast_attention(q, k, v, block_q=8, block_k=16)
+    expected = ch07.attention_torch(q, k, v)
+    assert torch.isfinite(expected).all() and torch.isfinite(got).all()
+    assert_close(got / 1e35, expected / 1e35, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("levers", ALL_LEVERS)
+def test_fast_causal_outputs_ignore_the_future(ch07, levers):
+    """Masked keys get weight 0: values of 1e300 after t do not move the
+    outputs up to t beyond rounding (a row block that meets large future
+    scores takes the exact path, so the bits may differ, not the values)."""
+    q, k, v = qkv(30)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 13:, :] = 50.0 * torch.randn_like(k2[..., 13:, :])
+    v2[..., 13:, :] = 1e300
+    args = (True, 4, 6, levers_of(ch07, levers))
+    a = ch07.fast_attention(q, k, v, *args)
+    b = ch07.fast_attention(q, k2, v2, *args)
+    assert_close(a[..., :13, :], b[..., :13, :], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "levers, message",
+    [
+        ({"speed": True}, "levers must be a dict with keys from"),
+        ({"lazy": 1}, "True or False"),
+        ([("lazy", False)], "levers must be a dict"),
+    ],
+)
+def test_fast_rejects_bad_levers(ch07, levers, message):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match=message):
+        ch07.fast_attention(q, k, v, levers=levers)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"block_q": 0}, {"block_k": 2.5}, {"block_k": True}]
+)
+def test_fast_rejects_bad_block_sizes(ch07, kwargs):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        ch07.fast_attention(q, k, v, **kwargs)
+
+
+def test_fast_rejects_bad_tensors(ch07):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ch07.fast_attention(q, k.clone().fill_(float("inf")), v)
+    with pytest.raises(ValueError, match="one dtype"):
+        ch07.fast_attention(q, k.float(), v)
+    with pytest.raises(ValueError, match="torch tensors"):
+        ch07.fast_attention(q, k, v.numpy())
+
+
+# --- the backward pass of exercise 3 ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "L, S, block_k", [(37, 50, 16), (20, 20, 1), (9, 4, 64)]
+)
+def test_tiled_attention_backward_equals_autograd(ch07, L, S, block_k):
+    q, k, v = (t.requires_grad_() for t in qkv(L, S, d=6, d_v=5))
+    d_out = torch.randn(2, 3, L, 5, dtype=torch.float64)
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    reference.backward(d_out)
+    with torch.no_grad():
+        out, lse = ch07.tiled_attention(
+            q, k, v, block_q=8, block_k=7, return_lse=True
+        )
+        grads = ch07.tiled_attention_backward(
+            q, k, v, out, lse, d_out, block_k
+        )
+    for name, ours, theirs in zip("qkv", grads, (q.grad, k.grad, v.grad)):
+        assert_close(ours, theirs, rtol=0, atol=1e-12, msg=f"d{name}")
+
+
 # --- the benchmark script ------------------------------------------------------------
 
 TINY = [
     "--sizes", "24", "40", "--heads", "2", "--d", "8", "--loop-max", "24",
     "--min-repeats", "1", "--max-repeats", "2", "--max-seconds", "0.01",
     "--matmul-size", "64", "--block-q", "16", "--block-k", "16", "--no-memory",
+    "--sweep-q", "8", "16", "--sweep-k", "8", "32",
 ]  # fmt: skip
 
 
@@ -354,37 +555,92 @@ def bench():
     return bench_attention
 
 
-def test_benchmark_script_runs_end_to_end(bench, tmp_path, capsys):
-    csv, png = tmp_path / "bench.csv", tmp_path / "bench.png"
-    bench.main(bench.parse_args(TINY + ["--csv", str(csv), "--png", str(png)]))
-    df = pd.read_csv(csv)
+def test_benchmark_script_runs_end_to_end(bench, ch07, tmp_path, capsys):
+    paths = {
+        name: tmp_path / f"{name}.{ext}"
+        for name, ext in (
+            ("csv", "csv"),
+            ("png", "png"),
+            ("ablation-csv", "csv"),
+            ("tiles-csv", "csv"),
+        )
+    }
+    options = [
+        x for name, path in paths.items() for x in (f"--{name}", str(path))
+    ]
+    bench.main(bench.parse_args(TINY + options))
+    df = pd.read_csv(paths["csv"])
     assert set(df["implementation"]) == set(bench.PROGRAMS) | {
         "matmul ceiling"
     }
     timed = df[df["implementation"] != "matmul ceiling"]
-    assert len(timed) == 7 + 6  # the loop only at T = 24
-    assert (timed["median_ms"] > 0).all() and (timed["gflop_per_s"] > 0).all()
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "tiled / SDPA throughput" in capsys.readouterr().out
+    assert len(timed) == 9 + 8  # the loop only at T = 24
+    assert (timed["min_ms"] <= timed["median_ms"]).all()
+    assert (timed["median_ms"] <= timed["max_ms"]).all()
+    assert (timed["gflop_per_s"] > 0).all()
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ablation = pd.read_csv(paths["ablation-csv"])
+    variants = bench.ablation_variants(ch07)
+    assert set(ablation["variant"]) == set(variants)
+    assert len(ablation) == 2 * len(variants)  # causal and not
+    tiles = pd.read_csv(paths["tiles-csv"]).dropna(subset=["tile_q"])
+    assert sorted(tiles["causal"]) == [False] * 4 + [True] * 4
+    tiles = tiles[tiles["causal"]]
+    assert sorted(zip(tiles["tile_q"], tiles["tile_k"])) == [
+        (8, 8), (8, 32), (16, 8), (16, 32)
+    ]  # fmt: skip
+    for table in (ablation, tiles):
+        assert (table["ratio_min"] <= table["ratio_median"]).all()
+        assert (table["ratio_median"] <= table["ratio_max"]).all()
+    out = capsys.readouterr().out
+    assert "fast tiled (ours), causal / SDPA throughput" in out
 
 
-def test_benchmark_measures_memory_in_a_child_process(bench):
-    """The naive program at T = 512 holds at least one 512 x 512 float32
-    matrix per head (1 MiB for 1 head); the measurement must see it."""
+def test_benchmark_measures_memory(bench, capsys):
+    """The naive program at T = 4096 holds at least one 4096 x 4096 float32
+    matrix (64 MiB for 1 head); the measurement must see it. The script runs
+    this in a fresh process; here it runs in the test's, so the matrix is
+    made larger than any block the memory allocator keeps for reuse (32 MiB
+    at most, glibc), and its pages are fresh."""
     args = bench.parse_args(["--heads", "1", "--d", "8"])
-    peak = bench.measure_memory("PyTorch by hand", 512, args)
-    assert 512 * 512 * 4 <= peak < 64 * 2**20
+    bench.child_measure("PyTorch by hand", 4096, args)
+    peak = json.loads(capsys.readouterr().out)["peak_extra_bytes"]
+    assert 4096 * 4096 * 4 <= peak < 2**30
+
+
+def broken_chapter(ch07, name, wrong):
+    broken = types.SimpleNamespace(**vars(ch07))
+    setattr(broken, name, wrong)
+    return broken
 
 
 def test_benchmark_catches_a_wrong_program(bench, ch07):
     """The script refuses to time a program whose output is wrong."""
-    broken = types.SimpleNamespace(**vars(ch07))
-    broken.attention_numpy = lambda q, k, v, causal=False: (
-        ch07.attention_numpy(q, k, v, causal) + 1e-3
-    )
     args = bench.parse_args(TINY)
     bench.check_equal(ch07, 24, args)  # the real chapter passes
+    broken = broken_chapter(
+        ch07,
+        "attention_numpy",
+        lambda q, k, v, causal=False: (
+            ch07.attention_numpy(q, k, v, causal) + 1e-3
+        ),
+    )
     with pytest.raises(
         RuntimeError, match="NumPy differs from PyTorch by hand"
     ):
         bench.check_equal(broken, 24, args)
+
+
+def test_benchmark_catches_a_wrong_variant(bench, ch07):
+    """The ablation's and the sweep's variants are checked too, causal and
+    not: a fast version that forgets the mask is refused."""
+    args = bench.parse_args(TINY)
+    variants = bench.ablation_variants(ch07) | bench.sweep_variants(args)
+    bench.check_variants(ch07, 24, args, variants)  # the real chapter passes
+    broken = broken_chapter(
+        ch07,
+        "fast_attention",
+        lambda q, k, v, causal=False, **kw: ch07.fast_attention(q, k, v, **kw),
+    )
+    with pytest.raises(RuntimeError, match=r"causal=True\) differs"):
+        bench.check_variants(broken, 24, args, variants)
