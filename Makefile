@@ -111,6 +111,8 @@ outputs: $(STAMP)
 # then chapter 7's training times (printed only).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
+	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
+	    --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
 	$(BIN)/python tools/bench_sentiment.py
 
 # External links of the pages built from the stored outputs (needs a network).
