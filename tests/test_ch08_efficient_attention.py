@@ -542,6 +542,7 @@ def test_tiled_attention_backward_equals_autograd(ch07, L, S, block_k):
 TINY = [
     "--sizes", "24", "40", "--heads", "2", "--d", "8", "--loop-max", "24",
     "--min-repeats", "1", "--max-repeats", "2", "--max-seconds", "0.01",
+    "--pairs", "2",
     "--matmul-size", "64", "--block-q", "16", "--block-k", "16", "--no-memory",
     "--sweep-q", "8", "16", "--sweep-k", "8", "32",
 ]  # fmt: skip

@@ -127,6 +127,13 @@ def parse_args(argv=None):
         help="stop repeating a program at one T after this long "
         "(once it has --min-repeats calls)",
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=15,
+        help="ablation and tile sweep: pairs of calls (the fused kernel, "
+        "then the variant) per variant",
+    )
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument(
         "--parts",
@@ -392,7 +399,7 @@ def time_variants(chapter, T, args, variants, causals, info):
         times_sdpa, now = {n: [] for n in calls}, clock(args)
         for call in (sdpa, *calls.values()):
             call()  # warm-up
-        for _ in range(args.min_repeats):
+        for _ in range(args.pairs):
             for name, call in calls.items():
                 for record, f in ((times_sdpa, sdpa), (times, call)):
                     start = now()
