@@ -180,3 +180,30 @@ def test_bad_shapes_raise_value_error(ch01, fn, shapes, message):
     Q, K, V = (np.ones(s) for s in shapes)
     with pytest.raises(ValueError, match=message):
         getattr(ch01, fn)(Q, K, V)
+
+
+def test_seed42_matrices_follow_the_randint_rule(ch01):
+    """The chapter's account of `randint(3)`: keep the lowest two bits of
+    each 32-bit Mersenne Twister word, throw away a 3. Checked with an
+    independent twister, Python's `random` module, started in the state
+    NumPy's legacy `seed(42)` leaves: the kept numbers are the seed-42
+    matrices, and W_Q, W_K, W_V use 11, 15 and 13 words."""
+    import random
+
+    _, key, pos, *_ = np.random.RandomState(42).get_state()
+    twister = random.Random()
+    twister.setstate((3, (*(int(k) for k in key), int(pos)), None))
+    kept, used = [], []
+    for word_count in range(1, 100):
+        two_bits = twister.getrandbits(32) & 3
+        if two_bits != 3:
+            kept.append(two_bits)
+            if len(kept) % 9 == 0:
+                used.append(word_count)
+        if len(kept) == 27:
+            break
+    assert np.diff(used, prepend=0).tolist() == [11, 15, 13]
+    np.testing.assert_array_equal(
+        np.reshape(kept, (3, 3, 3)),
+        [ch01.SEED42_W_Q, ch01.SEED42_W_K, ch01.SEED42_W_V],
+    )

@@ -1,8 +1,11 @@
 """Chapter 2: the R generator port, the R print formatter, the Julia block,
 and the R tabs run by real R.
 
-Every number a source printed is read from the chapter (`ch02.VIGNETTE`,
-`ch02.R_POST_ATTENTION`, `ch02.R_RUNIF_SEED0`, ...): this file holds none.
+The R generator and print formatter live in book/r_port.py; they are read
+here through the appendix page that shows and checks them
+(`appendix_r_internals.ipynb`, fixture `rport`), the rest through the chapter.
+Every number a source printed is read from the notebooks (`ch02.VIGNETTE`,
+`ch02.R_POST_ATTENTION`, `rport.R_RUNIF_SEED0`, ...): this file holds none.
 The few values below that come from R are measurements of R 4.2.2 for inputs
 no source uses, kept so that the generator is still checked bit for bit on a
 machine without R.
@@ -22,6 +25,7 @@ from conftest import BOOK, load_chapter, require_system_tool
 from numpy.testing import assert_allclose, assert_array_equal
 
 NOTEBOOK = "02_translations.ipynb"
+APPENDIX = "appendix_r_internals.ipynb"
 R_INSTALL = "apt-get install r-base-core r-cran-matrixstats"
 # the section labels of the chapter, one per source with tabs
 R_POST, VIGNETTE, JULIA = "ch2-r-post", "ch2-vignette", "ch2-julia"
@@ -30,6 +34,12 @@ R_POST, VIGNETTE, JULIA = "ch2-r-post", "ch2-vignette", "ch2-julia"
 @pytest.fixture(scope="module")
 def ch02():
     return load_chapter(NOTEBOOK)
+
+
+@pytest.fixture(scope="module")
+def rport():
+    """The appendix page on R's generator and print (book/r_port.py)."""
+    return load_chapter(APPENDIX)
 
 
 @pytest.fixture(scope="module")
@@ -215,25 +225,25 @@ R_DRAWS = {
 }
 
 
-def seed0_draws(ch02):
+def seed0_draws(rport):
     """R's set.seed(0); runif(3), as the chapter stores them."""
-    return [float.fromhex(h) for h in ch02.R_RUNIF_SEED0["sprintf_a"]]
+    return [float.fromhex(h) for h in rport.R_RUNIF_SEED0["sprintf_a"]]
 
 
 @pytest.mark.parametrize("seed", [0, *R_DRAWS])
-def test_runif_equals_stored_r_draws_bit_for_bit(ch02, seed):
+def test_runif_equals_stored_r_draws_bit_for_bit(rport, seed):
     if seed == 0:
-        expected = seed0_draws(ch02)
+        expected = seed0_draws(rport)
     else:
         expected = [float.fromhex(h) for h in R_DRAWS[seed]]
-    u = ch02.r_runif(ch02.r_set_seed(seed), len(expected))
+    u = rport.r_runif(rport.r_set_seed(seed), len(expected))
     assert u.tolist() == expected
 
 
-def test_runif_across_the_state_refill(ch02):
+def test_runif_across_the_state_refill(rport):
     # set.seed(0); x <- runif(627); sprintf("%a", x[624:627]) in R 4.2.2:
     # draw 625 is the first one after the twister regenerates its 624 words
-    u = ch02.r_runif(ch02.r_set_seed(0), 627)
+    u = rport.r_runif(rport.r_set_seed(0), 627)
     assert u[623:].tolist() == [
         float.fromhex(h)
         for h in [
@@ -245,11 +255,11 @@ def test_runif_across_the_state_refill(ch02):
     ]
 
 
-def test_runif_min_equal_max_draws_nothing(ch02):
+def test_runif_min_equal_max_draws_nothing(rport):
     # R: set.seed(0); runif(2, 1, 1); runif(1) is set.seed(0)'s first draw
-    rng = ch02.r_set_seed(0)
-    assert_array_equal(ch02.r_runif(rng, 2, 1.0, 1.0), [1.0, 1.0])
-    assert ch02.r_runif(rng, 1)[0] == seed0_draws(ch02)[0]
+    rng = rport.r_set_seed(0)
+    assert_array_equal(rport.r_runif(rng, 2, 1.0, 1.0), [1.0, 1.0])
+    assert rport.r_runif(rng, 1)[0] == seed0_draws(rport)[0]
 
 
 class ZeroBits:
@@ -259,18 +269,18 @@ class ZeroBits:
         return np.zeros(n, dtype=np.uint64)
 
 
-def test_unif_rand_never_returns_zero(ch02):
+def test_unif_rand_never_returns_zero(rport):
     # R's fixup: a raw 0 becomes 0.5 * i2_32m1, R's constant for 1 / (2^32 - 1)
     assert (
-        ch02.r_unif_rand(ZeroBits(), 2).tolist()
+        rport.r_unif_rand(ZeroBits(), 2).tolist()
         == [0.5 * 2.328306437080797e-10] * 2
     )
 
 
 @pytest.mark.parametrize("seed", [2**31, -(2**31), 1.5, "0", True, None])
-def test_set_seed_rejects_what_r_rejects_or_truncates(ch02, seed):
+def test_set_seed_rejects_what_r_rejects_or_truncates(rport, seed):
     with pytest.raises(ValueError, match="seed"):
-        ch02.r_set_seed(seed)
+        rport.r_set_seed(seed)
 
 
 @pytest.mark.parametrize(
@@ -282,9 +292,9 @@ def test_set_seed_rejects_what_r_rejects_or_truncates(ch02, seed):
         ((3, 0.0, np.inf), "finite"),
     ],
 )
-def test_runif_rejects_bad_arguments(ch02, args, message):
+def test_runif_rejects_bad_arguments(rport, args, message):
     with pytest.raises(ValueError, match=message):
-        ch02.r_runif(ch02.r_set_seed(0), *args)
+        rport.r_runif(rport.r_set_seed(0), *args)
 
 
 R_SEEDS = [
@@ -303,7 +313,7 @@ R_SEEDS = [
 R_CALLS = [(1, 0, 1), (7, 0, 3), (624, -2.5, 4), (625, 0, 1), (2000, 10, 1e6)]
 
 
-def test_runif_equals_real_r_bit_for_bit(ch02, rscript, tmp_path):
+def test_runif_equals_real_r_bit_for_bit(rport, rscript, tmp_path):
     """11 seeds, 3259 draws each in 6 calls of runif, compared with R."""
     lines = []
     for seed in R_SEEDS:
@@ -318,11 +328,11 @@ def test_runif_equals_real_r_bit_for_bit(ch02, rscript, tmp_path):
     r_values = [float.fromhex(h) for h in out.split()]
     ours = []
     for seed in R_SEEDS:
-        rng = ch02.r_set_seed(seed)
+        rng = rport.r_set_seed(seed)
         for n, a, b in R_CALLS:
-            ours.extend(ch02.r_runif(rng, n, a, b).tolist())
-        ch02.r_runif(rng, 3, 2.0, 2.0)
-        ours.extend(ch02.r_runif(rng, 2).tolist())
+            ours.extend(rport.r_runif(rng, n, a, b).tolist())
+        rport.r_runif(rng, 3, 2.0, 2.0)
+        ours.extend(rport.r_runif(rng, 2).tolist())
     assert (
         len(r_values)
         == len(ours)
@@ -334,18 +344,18 @@ def test_runif_equals_real_r_bit_for_bit(ch02, rscript, tmp_path):
 # --- R's print ---------------------------------------------------------------
 
 
-def test_formatter_label_widths_and_negative_zero(ch02):
+def test_formatter_label_widths_and_negative_zero(rport):
     # R sizes the row labels for nrow + 1 and right-aligns them: print(matrix(
     # (1:9)/4, 9)) already has " [1,]" and ends with " [9,] 2.25"
     column = np.arange(1, 10).reshape(-1, 1) / 4
-    lines = ch02.r_format_matrix(column).split("\n")
+    lines = rport.r_format_matrix(column).split("\n")
     assert lines[:2] == ["      [,1]", " [1,] 0.25"]
     assert lines[-1] == " [9,] 2.25"
     column = np.arange(1, 12).reshape(-1, 1) / 4
-    assert ch02.r_format_matrix(column).split("\n")[-1] == "[11,] 2.75"
+    assert rport.r_format_matrix(column).split("\n")[-1] == "[11,] 2.75"
     # R prints a negative zero as 0
     assert (
-        ch02.r_format_matrix([[-0.0], [1.0]])
+        rport.r_format_matrix([[-0.0], [1.0]])
         == "     [,1]\n[1,]    0\n[2,]    1"
     )
 
@@ -360,8 +370,8 @@ def test_formatter_label_widths_and_negative_zero(ch02):
         ([-0.0], "[1] 0"),
     ],
 )
-def test_vector_entries_share_one_width(ch02, x, text):
-    assert ch02.r_format_vector(x) == text
+def test_vector_entries_share_one_width(rport, x, text):
+    assert rport.r_format_vector(x) == text
 
 
 @pytest.mark.parametrize(
@@ -373,9 +383,9 @@ def test_vector_entries_share_one_width(ch02, x, text):
         (np.ones((2, 12)) / 3, "wider than 80"),
     ],
 )
-def test_formatter_refuses_what_it_cannot_match(ch02, bad, message):
+def test_formatter_refuses_what_it_cannot_match(rport, bad, message):
     with pytest.raises(ValueError, match=message):
-        ch02.r_format_matrix(bad)
+        rport.r_format_matrix(bad)
 
 
 @pytest.mark.parametrize(
@@ -386,9 +396,9 @@ def test_formatter_refuses_what_it_cannot_match(ch02, bad, message):
         (np.arange(30) / 7, "wider than 80"),
     ],
 )
-def test_vector_formatter_refuses_what_it_cannot_match(ch02, bad, message):
+def test_vector_formatter_refuses_what_it_cannot_match(rport, bad, message):
     with pytest.raises(ValueError, match=message):
-        ch02.r_format_vector(bad)
+        rport.r_format_vector(bad)
 
 
 def random_numbers(rng, kind, shape):
@@ -421,7 +431,7 @@ def r_numbers(values):
     return f"c({','.join(float(v).hex() for v in values)})"
 
 
-def test_formatter_equals_real_r_print(ch02, rscript, tmp_path):
+def test_formatter_equals_real_r_print(rport, rscript, tmp_path):
     """200 random matrices of mixed signs and magnitudes, printed by R and
     by the port."""
     rng = np.random.default_rng(2)
@@ -440,10 +450,10 @@ def test_formatter_equals_real_r_print(ch02, rscript, tmp_path):
         ),
     )
     for M, text in zip(mats, texts):
-        assert ch02.r_format_matrix(M) == text, M.tolist()
+        assert rport.r_format_matrix(M) == text, M.tolist()
 
 
-def test_vector_formatter_equals_real_r_print(ch02, rscript, tmp_path):
+def test_vector_formatter_equals_real_r_print(rport, rscript, tmp_path):
     """300 random vectors of mixed signs and magnitudes, 1 to 14 entries:
     where R prints one line the port prints the same line; where R wraps
     (wider than 80 characters) the port refuses."""
@@ -457,9 +467,9 @@ def test_vector_formatter_equals_real_r_print(ch02, rscript, tmp_path):
     for x, text in zip(vectors, texts):
         if "\n" in text:
             with pytest.raises(ValueError, match="wider than 80"):
-                ch02.r_format_vector(x)
+                rport.r_format_vector(x)
         else:
-            assert ch02.r_format_vector(x) == text, x.tolist()
+            assert rport.r_format_vector(x) == text, x.tolist()
             one_line += 1
     assert 150 <= one_line <= 250  # R: 188 one-line prints, 112 wrapped
 
@@ -553,3 +563,10 @@ def test_attention_weights_refuses_bad_input(ch02):
         ch02.attention_weights(np.ones((3, 4)), np.ones((2, 4)))
     with pytest.raises(ValueError, match="scale must be"):
         ch02.attention_weights(np.ones((3, 4)), np.ones((3, 4)), scale="n")
+
+
+def test_chapter_uses_the_appendix_code(ch02, rport):
+    """One source of truth: the chapter prints and draws with the very
+    functions the appendix shows and checks (book/r_port.py)."""
+    for name in ("r_format_matrix", "r_runif", "r_set_seed"):
+        assert getattr(ch02, name) is getattr(rport, name), name

@@ -1,9 +1,10 @@
 """Prose length of every chapter: words in markdown cells (runs of letters,
 ``[A-Za-z]+``), words before the first code cell, and the longest markdown
 cell. The limits (CONTRIBUTING.md): at most 250 words before the first code
-cell and at most 350 words in one markdown cell in every chapter; chapters
-1-5 at most 3,500 words each and 15,000 together; chapters 6 onwards at most
-4,500 each.
+cell and at most 350 words in one markdown cell in every chapter and
+appendix page (book/appendix_*.ipynb); chapters 1-5 at most 3,500 words each
+and 15,000 together; chapters 6 onwards (and appendix pages) at most 4,500
+each.
 
 Usage: python tools/prose_stats.py [NOTEBOOK ...]
 """
@@ -49,8 +50,15 @@ def limit_for(name):
 
 
 def main(paths):
-    paths = paths or sorted(str(p) for p in (ROOT / "book").glob("[0-9]*.ipynb"))
-    print(f"{'chapter':32} {'words':>6} {'limit':>6} {'before code':>12} {'longest cell':>13}")
+    book = ROOT / "book"
+    paths = paths or [
+        *sorted(str(p) for p in book.glob("[0-9]*.ipynb")),
+        *sorted(str(p) for p in book.glob("appendix_*.ipynb")),
+    ]
+    header = (
+        f"{'words':>6} {'limit':>6} {'before code':>12} {'longest cell':>13}"
+    )
+    print(f"{'chapter':32} {header}")
     ok, first_five = True, 0
     for path in paths:
         name = Path(path).name
@@ -67,7 +75,9 @@ def main(paths):
             flags.append(f"cell {at}")
         ok &= not flags
         mark = "  over: " + ", ".join(flags) if flags else ""
-        print(f"{name:32} {total:6d} {limit:6d} {before:12d} {longest:8d} (#{at}){mark}")
+        print(
+            f"{name:32} {total:6d} {limit:6d} {before:12d} {longest:8d} (#{at}){mark}"
+        )
     print(f"chapters 1-5 together: {first_five} words (limit 15000)")
     ok &= first_five <= 15000
     return 0 if ok else 1
