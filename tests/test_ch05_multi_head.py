@@ -589,7 +589,7 @@ def test_one_attention_function(ch05):
     attention function of its own."""
     assert ch05.scaled_dot_product_attention.__module__ == "attention"
     cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
-    code = "".join(
+    code = "\n".join(
         "".join(c["source"]) for c in cells if c["cell_type"] == "code"
     )
     assert "from attention import scaled_dot_product_attention" in code
