@@ -1,0 +1,88 @@
+"""Scaled dot-product attention: the book's one definition.
+
+Chapter 3 builds it step by step and prints this function in full; chapter 4
+explains its mask, chapter 5 its dropout. Later chapters import it:
+
+    from attention import scaled_dot_product_attention
+
+    C, A = scaled_dot_product_attention(Q, K, V, mask=None, dropout_p=0.0)
+
+Notation (book/intro.md): Q (..., T_q, d_k), K (..., T_k, d_k),
+V (..., T_k, d_v); scores E and weights A (..., T_q, T_k); outputs C
+(..., T_q, d_v). Leading axes (batch B, heads H) broadcast.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None, dropout_p=0.0):
+    """C = softmax(Q K^T / sqrt(d_k)) V over the last two axes; returns (C, A).
+
+    mask: None or a boolean tensor that broadcasts to (..., T_q, T_k), True
+    where query i may attend to key j. A query that may attend to no key
+    gets zero weights and a zero output (no NaN). dropout_p: each weight is
+    zeroed with this probability and the others divided by 1 - dropout_p.
+    """
+    check_attention_inputs(Q, K, V, mask, dropout_p)
+    d_k = K.shape[-1]
+    E = Q @ K.transpose(-2, -1) * d_k**-0.5  # scores (..., T_q, T_k)
+    if mask is not None:
+        E = E.masked_fill(~mask, float("-inf"))  # hidden keys: exp(-inf) = 0
+    empty = torch.isneginf(E).all(dim=-1, keepdim=True)  # rows with no key
+    A = F.softmax(E.masked_fill(empty, 0.0), dim=-1)  # rows sum to 1 ...
+    A = A.masked_fill(empty, 0.0)  # ... or to 0 when a row sees no key
+    if dropout_p > 0:
+        A = F.dropout(A, dropout_p)  # attention dropout (chapter 5)
+    return A @ V, A  # C (..., T_q, d_v), A (..., T_q, T_k)
+
+
+def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
+    """Raise a ValueError that names the problem unless the inputs fit."""
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point torch tensor")
+        if t.dim() < 2:
+            raise ValueError(
+                f"{name} must have shape (..., T, size), got {tuple(t.shape)}"
+            )
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
+    if Q.shape[-1] != K.shape[-1]:
+        raise ValueError(
+            f"Q and K must have the same size d_k: "
+            f"Q has {Q.shape[-1]}, K has {K.shape[-1]}"
+        )
+    if K.shape[-2] != V.shape[-2]:
+        raise ValueError(
+            f"every key needs one value: "
+            f"K has {K.shape[-2]} rows, V has {V.shape[-2]}"
+        )
+    if K.shape[-2] == 0:
+        raise ValueError("attention needs at least one key")
+    try:
+        batch = torch.broadcast_shapes(
+            Q.shape[:-2], K.shape[:-2], V.shape[:-2]
+        )
+    except RuntimeError:
+        shapes = f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}"
+        raise ValueError(f"batch dimensions do not match: {shapes}") from None
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = getattr(mask, "dtype", type(mask).__name__)
+        raise ValueError(
+            f"mask must be a boolean tensor (True = attend), got {got}"
+        )
+    scores_shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k)
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the "
+            f"scores' shape {scores_shape}"
+        )
