@@ -162,6 +162,31 @@ def test_causal_tile_counts(ch08):
     assert len(ch08.tile_schedule(2048, 2048, 128, 512, causal=True)) == 40
 
 
+@pytest.mark.parametrize(
+    "T, B_r, B_c", [(8, 1, 1), (100, 7, 13), (64, 16, 64), (50, 64, 8)]
+)
+def test_computed_scores_counts_tiles_with_a_visible_pair(ch08, T, B_r, B_c):
+    """A causal tile is computed iff it holds a pair (i, j) with j <= i; the
+    share counts all scores of those tiles over the T (T + 1) / 2 visible."""
+    visible = np.tri(T, dtype=bool)
+    computed = sum(
+        visible[i : i + B_r, j : j + B_c].size
+        for i in range(0, T, B_r)
+        for j in range(0, T, B_c)
+        if visible[i : i + B_r, j : j + B_c].any()
+    )
+    got = ch08.computed_scores(T, B_r, B_c)
+    assert got == pytest.approx(computed / (T * (T + 1) / 2), rel=1e-12)
+
+
+def test_hbm_accesses_ratio_tends_to_d_squared_over_M(ch08):
+    """Theorem 2's counts without constants: flash / standard -> d_k^2 / M."""
+    standard, flash = ch08.hbm_accesses(10**6, d_k=64, M=25_600)
+    assert flash / standard == pytest.approx(64**2 / 25_600, rel=1e-4)
+    standard, flash = ch08.hbm_accesses(100, d_k=8, M=64)
+    assert (standard, flash) == (100 * 8 + 100**2, 100**2 * 8**2 / 64)
+
+
 # --- the online softmax ---------------------------------------------------------
 
 rows = st.integers(1, 30).flatmap(
