@@ -47,7 +47,9 @@ def check_groups(H, G):
 
 def check_window(w):
     """Raise ValueError unless the window w is None or a positive integer."""
-    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+    if w is not None and (
+        isinstance(w, bool) or not isinstance(w, int) or w < 1
+    ):
         raise ValueError(f"the window w must be a positive integer, got {w!r}")
 
 

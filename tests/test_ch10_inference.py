@@ -111,8 +111,8 @@ def test_g1_is_multiquery():
     assert attn.in_proj.out_features == 64 + 2 * 8
     x = torch.randn(1, 6, 64)
     with torch.no_grad():
-        Q, K, V = attn.heads(x)
-        out, weights = attn(x)
+        Q, K, _ = attn.heads(x)
+        _, weights = attn(x)
         # every query head attends with the one shared key head
         for h in range(8):
             E = Q[:, h] @ K[:, 0].transpose(-2, -1) / 8**0.5
@@ -177,7 +177,10 @@ def test_sampling():
     assert ch10.sample_next(logits, temperature=0).item() == 1
     gen = torch.Generator().manual_seed(0)
     draws = torch.cat(
-        [ch10.sample_next(logits, 1.0, top_k=2, generator=gen) for _ in range(300)]
+        [
+            ch10.sample_next(logits, 1.0, top_k=2, generator=gen)
+            for _ in range(300)
+        ]
     )
     assert set(draws.flatten().tolist()) == {1, 4}
     draws = torch.cat(
@@ -208,5 +211,8 @@ def test_bad_inputs():
         ch10.sample_next(logits, top_k=0)
     attn = ch10.SelfAttention(32, 4, causal=True)
     with pytest.raises(ValueError, match="mask"):
-        attn(torch.zeros(1, 1, 32), torch.ones(1, 1, dtype=torch.bool),
-             ch10.KVCache())
+        attn(
+            torch.zeros(1, 1, 32),
+            torch.ones(1, 1, dtype=torch.bool),
+            ch10.KVCache(),
+        )

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -41,10 +42,15 @@ def bench_training(ch, chars, train_data):
     threads = torch.get_num_threads()
     wall, cpu = timed(lambda: train_one(ch, chars, train_data, 4, STEPS))
     print(f"training, {STEPS} steps: {wall:.1f} s wall, {cpu:.1f} s CPU")
-    row = {"steps": STEPS, "threads": threads, "wall_s": round(wall, 1),
-           "cpu_s": round(cpu, 1)}
-    pd.DataFrame([row]).to_csv(BOOK / "data" / "bench_gpt_train.csv",
-                               index=False)
+    row = {
+        "steps": STEPS,
+        "threads": threads,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+    }
+    pd.DataFrame([row]).to_csv(
+        BOOK / "data" / "bench_gpt_train.csv", index=False
+    )
 
 
 def bench_generation(ch, chars, val_data):
@@ -57,24 +63,34 @@ def bench_generation(ch, chars, val_data):
     for n in NEW_TOKENS:
         for cached in (True, False):
             runs = [
-                timed(lambda: ch.generate(model, prompt, n, cached=cached))
+                timed(partial(ch.generate, model, prompt, n, cached=cached))
                 for _ in range(REPEATS)
             ]
             wall = statistics.median(r[0] for r in runs)
             cpu = statistics.median(r[1] for r in runs)
-            print(f"{n} tokens, cached={cached}: {cpu:.3f} s CPU, "
-                  f"{wall:.3f} s wall")
-            rows.append({"new_tokens": n, "cached": cached,
-                         "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
-                         "tokens_per_s": round(n / cpu, 1)})
-    pd.DataFrame(rows).to_csv(BOOK / "data" / "bench_gpt_generate.csv",
-                              index=False)
+            print(
+                f"{n} tokens, cached={cached}: {cpu:.3f} s CPU, "
+                f"{wall:.3f} s wall"
+            )
+            rows.append(
+                {
+                    "new_tokens": n,
+                    "cached": cached,
+                    "cpu_s": round(cpu, 4),
+                    "wall_s": round(wall, 4),
+                    "tokens_per_s": round(n / cpu, 1),
+                }
+            )
+    pd.DataFrame(rows).to_csv(
+        BOOK / "data" / "bench_gpt_generate.csv", index=False
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-train", action="store_true",
-                        help="skip the training time")
+    parser.add_argument(
+        "--no-train", action="store_true", help="skip the training time"
+    )
     args = parser.parse_args()
     ch, chars, train_data, val_data = setup()
     if not args.no_train:
