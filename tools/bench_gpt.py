@@ -1,8 +1,9 @@
 """Chapter 10's measurements (`make bench`):
 
 - the full training of the small GPT (G = H = 4, tools/train_gpt.py's
-  configuration), wall-clock and CPU seconds on this machine's default
-  threads -> book/data/bench_gpt_train.csv (the weights are not stored);
+  configuration) on one thread: its CPU seconds bound the wall-clock time
+  on a quiet core, whatever else the machine runs (wall seconds are
+  recorded too) -> book/data/bench_gpt_train.csv (weights not stored);
 - greedy generation with and without the KV cache from the stored weights
   (book/data/gpt_G4.pt), after a 16-character prompt, for 128, 256 and 512
   new tokens; on one thread, the median of REPEATS runs, tokens per CPU
@@ -39,6 +40,7 @@ def timed(fn):
 
 
 def bench_training(ch, chars, train_data):
+    torch.set_num_threads(1)
     threads = torch.get_num_threads()
     wall, cpu = timed(lambda: train_one(ch, chars, train_data, 4, STEPS))
     print(f"training, {STEPS} steps: {wall:.1f} s wall, {cpu:.1f} s CPU")
