@@ -114,6 +114,12 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
 	    --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
 	$(BIN)/python tools/bench_sentiment.py
+	$(BIN)/python tools/bench_gpt.py
+
+# Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
+.PHONY: train-gpt
+train-gpt: $(STAMP)
+	$(BIN)/python tools/train_gpt.py
 
 # External links of the pages built from the stored outputs (needs a network).
 linkcheck: $(STAMP)

@@ -1,0 +1,293 @@
+"""The book's Transformer block, shared by the chapters that build on it.
+
+Chapter 6 builds multi-head self-attention, sinusoidal and rotary positions
+and a pre-norm encoder block; that code is here under chapter 6's names and
+with its behaviour. Chapter 10 extends it with what a text generator needs,
+each extension off by default so that chapter 6's classes are unchanged:
+
+- `G` key/value heads shared by groups of the `H` query heads (grouped-query
+  attention; `G = 1` is multi-query attention, `G = H` chapter 6's);
+- `causal=True`: query i attends to keys j <= i only, and with a window
+  `w`, to the last w of them (j > i - w, sliding-window attention);
+- a key/value cache (`KVCache`): keys and values of earlier tokens kept
+  between calls, so that a generator feeds one new token per step; with a
+  window, a rolling cache of w slots.
+
+Masks are boolean, True where a query may attend to a key.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def attend(Q, K, V, mask=None):
+    """softmax(Q K^T / sqrt(d_h)) V on the last two axes; (outputs, weights)."""
+    scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)  # each row sums to 1
+    return weights @ V, weights
+
+
+def check_heads(d, H):
+    """Raise ValueError unless H >= 1 heads divide the model size d."""
+    if H < 1 or d < 1 or d % H != 0:
+        raise ValueError(f"d={d} is not divisible into H={H} heads")
+
+
+def check_groups(H, G):
+    """Raise ValueError unless G >= 1 key/value heads divide H query heads."""
+    if G < 1 or H % G != 0:
+        raise ValueError(
+            f"H={H} query heads cannot be split into G={G} equal groups: "
+            f"G must divide H"
+        )
+
+
+def check_window(w):
+    """Raise ValueError unless the window w is None or a positive integer."""
+    if w is not None and (
+        isinstance(w, bool) or not isinstance(w, int) or w < 1
+    ):
+        raise ValueError(f"the window w must be a positive integer, got {w!r}")
+
+
+def allowed_positions(pos_q, pos_k, w=None):
+    """Causal (and windowed) mask from absolute positions: (T_q, T_k).
+
+    Query at position i may attend to the key at position j if
+    0 <= j <= i and, with a window w, j > i - w. A key position of -1 marks
+    an empty cache slot, never attended.
+    """
+    i, j = pos_q[:, None], pos_k[None, :]
+    allowed = (j >= 0) & (j <= i)
+    if w is not None:
+        allowed = allowed & (j > i - w)
+    return allowed
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for one attention layer.
+
+    Without a window the cache grows by one row per token. With a window w
+    it is a rolling buffer of w slots: the token at position p is written to
+    slot p % w, over the token at p - w, which no later query may see.
+    """
+
+    def __init__(self, w=None):
+        check_window(w)
+        self.w, self.length = w, 0  # length: tokens seen so far
+        self.K = self.V = self.pos = None
+
+    def update(self, K, V):
+        """Add the keys and values (B, G, T, d_h) of the next T tokens.
+
+        Returns the keys, values and positions a query of these tokens may
+        need: everything cached before them followed by them.
+        """
+        T = K.shape[-2]
+        pos = torch.arange(self.length, self.length + T)
+        if self.K is None:
+            self.start(K)
+        keys = torch.cat([self.K, K], dim=-2)
+        values = torch.cat([self.V, V], dim=-2)
+        positions = torch.cat([self.pos, pos])
+        if self.w is None:
+            self.K, self.V, self.pos = keys, values, positions
+        else:
+            keep = min(T, self.w)  # only the last w tokens can be seen again
+            slots = pos[-keep:] % self.w
+            self.K[..., slots, :] = K[..., -keep:, :]
+            self.V[..., slots, :] = V[..., -keep:, :]
+            self.pos[slots] = pos[-keep:]
+        self.length += T
+        return keys, values, positions
+
+    def start(self, K):
+        """Empty tensors shaped like K: no slots, or w empty slots (-1)."""
+        B, G, _, d_h = K.shape
+        n = 0 if self.w is None else self.w
+        self.K = K.new_zeros(B, G, n, d_h)
+        self.V = K.new_zeros(B, G, n, d_h)
+        self.pos = torch.full((n,), -1, dtype=torch.long)
+
+    def nbytes(self):
+        """Bytes held by the cached keys and values."""
+        if self.K is None:
+            return 0
+        return self.K.nelement() * self.K.element_size() * 2
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention in chapter 5's batched form, with biases.
+
+    G key/value heads (default H) serve groups of H / G query heads; with
+    causal=True, query i sees keys j <= i, and with a window w, j > i - w.
+    """
+
+    def __init__(self, d, H, G=None, causal=False, w=None):
+        super().__init__()
+        check_heads(d, H)
+        G = H if G is None else G
+        check_groups(H, G)
+        check_window(w)
+        if w is not None and not causal:
+            raise ValueError("a window w needs causal=True")
+        self.H, self.G, self.d_h = H, G, d // H
+        self.causal, self.w = causal, w
+        # [W_Q | W_K | W_V] and biases: d + 2 G d_h outputs, 3 d when G = H
+        self.in_proj = nn.Linear(d, d + 2 * G * self.d_h)
+        self.out_proj = nn.Linear(d, d)  # W_O and b_O
+
+    def heads(self, x, start=0):
+        """Queries (B, H, T, d_h), keys and values (B, G, T, d_h) of x.
+
+        `start` is the position of x's first token (used by rotary heads).
+        """
+        B, T, _ = x.shape
+        q, kv = self.in_proj(x).split(
+            [self.H * self.d_h, 2 * self.G * self.d_h], dim=-1
+        )
+        Q = q.view(B, T, self.H, self.d_h).transpose(1, 2)
+        K, V = kv.view(B, T, 2, self.G, self.d_h).permute(2, 0, 3, 1, 4)
+        return Q, K, V
+
+    def forward(self, x, mask=None, cache=None):
+        start = 0 if cache is None else cache.length
+        Q, K, V = self.heads(x, start)
+        T = x.shape[1]
+        pos_q = pos_k = torch.arange(start, start + T)
+        if cache is not None:
+            if mask is not None:
+                raise ValueError("a cached call takes no mask")
+            K, V, pos_k = cache.update(K, V)  # earlier tokens' keys, values
+        if self.causal:
+            allowed = allowed_positions(pos_q, pos_k, self.w)  # (T, T_k)
+            mask = allowed if mask is None else mask & allowed
+        if self.G != self.H:  # each key/value head serves H / G query heads
+            K = K.repeat_interleave(self.H // self.G, dim=1)
+            V = V.repeat_interleave(self.H // self.G, dim=1)
+        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_h)
+        B, H, T, d_h = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * d_h)  # merge the heads
+        return self.out_proj(out), weights
+
+
+def frequencies(d, dtype=torch.float64):
+    """The d/2 frequencies omega_i = 10000^(-2i/d) of equation pos-sinusoid."""
+    return 10000.0 ** (-torch.arange(0, d, 2, dtype=dtype) / d)
+
+
+def sinusoidal_encoding(T, d, dtype=torch.float64):
+    """The (T, d) table of equation pos-sinusoid, one row per position."""
+    if d % 2 != 0 or d < 2 or T < 0:
+        raise ValueError(f"need T >= 0 and an even d >= 2, got T={T}, d={d}")
+    angles = torch.arange(T, dtype=dtype)[:, None] * frequencies(d, dtype)
+    pe = torch.empty(T, d, dtype=dtype)
+    pe[:, 0::2], pe[:, 1::2] = angles.sin(), angles.cos()  # (T, d)
+    return pe
+
+
+def rotary(x, positions=None):
+    """Rotate each pair of the last axis of x (..., T, d_h) by its position."""
+    T, d_h = check_rotary(x, positions)
+    if positions is None:
+        positions = torch.arange(T)
+    angles = positions.to(x.dtype)[:, None] * frequencies(d_h, x.dtype)
+    cos, sin = angles.cos(), angles.sin()  # (T, d_h / 2)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # first and second of each pair
+    rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return rotated.flatten(-2)  # pairs back in place: (..., T, d_h)
+
+
+def check_rotary(x, positions):
+    """Raise ValueError unless x is (..., T, d_h) with d_h even; (T, d_h)."""
+    if x.dim() < 2 or x.shape[-1] % 2 != 0:
+        raise ValueError(
+            f"rotary positions rotate pairs: the last axis (head size) must "
+            f"be even, got shape {tuple(x.shape)}"
+        )
+    T = x.shape[-2]
+    if positions is not None and tuple(positions.shape) != (T,):
+        raise ValueError(
+            f"positions must have shape ({T},), got {tuple(positions.shape)}"
+        )
+    return T, x.shape[-1]
+
+
+class RotarySelfAttention(SelfAttention):
+    """Self-attention whose queries and keys are rotated by position (RoPE)."""
+
+    def __init__(self, d, H, G=None, causal=False, w=None):
+        super().__init__(d, H, G, causal, w)
+        if self.d_h % 2 != 0:
+            raise ValueError(
+                f"rotary positions need an even head size, got d_h={self.d_h}"
+            )
+
+    def heads(self, x, start=0):
+        Q, K, V = super().heads(x)  # Q (B, H, T, d_h), K and V (B, G, T, d_h)
+        positions = torch.arange(start, start + x.shape[1])
+        return rotary(Q, positions), rotary(K, positions), V
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm Transformer encoder block, equation pos-block."""
+
+    def __init__(self, d, H, d_ff, rotary=False, G=None, causal=False, w=None):
+        super().__init__()
+        attention = RotarySelfAttention if rotary else SelfAttention
+        self.norm1 = nn.LayerNorm(d)
+        self.self_attn = attention(d, H, G, causal, w)
+        self.norm2 = nn.LayerNorm(d)
+        self.linear1, self.linear2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    def forward(
+        self, x, mask=None, padding_mask=None, return_weights=False, cache=None
+    ):
+        allowed = combine_masks(x, mask, padding_mask)  # (B, 1, T, T) or None
+        attended, weights = self.self_attn(self.norm1(x), allowed, cache)
+        y = x + attended  # residual around the attention
+        z = y + self.linear2(F.relu(self.linear1(self.norm2(y))))  # and FFN
+        return (z, weights) if return_weights else z
+
+
+class DecoderBlock(EncoderBlock):
+    """The pre-norm block with causal (optionally windowed) rotary attention."""
+
+    def __init__(self, d, H, d_ff, G=None, w=None):
+        super().__init__(d, H, d_ff, rotary=True, G=G, causal=True, w=w)
+
+
+def combine_masks(x, mask, padding_mask):
+    """Check x (B, T, d) and the masks; one boolean (B, 1, T, T) mask or None."""
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (B, T, d), got {tuple(x.shape)}")
+    B, T, _ = x.shape
+    if mask is None and padding_mask is None:
+        return None
+    allowed = torch.ones(B, 1, T, T, dtype=torch.bool)
+    if mask is not None:
+        shapes = ((T, T), (B, T, T))
+        if mask.dtype != torch.bool or tuple(mask.shape) not in shapes:
+            raise ValueError(
+                f"mask must be a boolean ({T}, {T}) or ({B}, {T}, {T}) "
+                f"tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        allowed = allowed & (mask if mask.dim() == 2 else mask[:, None])
+    if padding_mask is not None:
+        if padding_mask.dtype != torch.bool or tuple(padding_mask.shape) != (
+            B,
+            T,
+        ):
+            raise ValueError(
+                f"padding_mask must be a boolean ({B}, {T}) tensor, got "
+                f"{padding_mask.dtype} {tuple(padding_mask.shape)}"
+            )
+        allowed = allowed & padding_mask[:, None, None, :]
+    if not allowed.any(dim=-1).all():
+        raise ValueError(
+            "a query may attend to no key: its softmax is undefined"
+        )
+    return allowed
