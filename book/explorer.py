@@ -353,7 +353,8 @@ _SCRIPT = r"""
        customdata: s.keys, xaxis: "x", yaxis: "y", name: "weights"},
       {type: "heatmap", z: m, x: kx, y: qy, zmin: 0, zmax: 1,
        colorscale: [[0, "rgba(31, 119, 180, 0)"],
-                    [1, "rgba(31, 119, 180, 1)"]], showscale: false, xaxis: "x2", yaxis: "y2",
+                    [1, "rgba(31, 119, 180, 1)"]],
+       showscale: false, xaxis: "x2", yaxis: "y2",
        customdata: m.map(function (r, i) {
          return r.map(function (_, j) {
            return [s.queries[i], s.keys[j]];

@@ -16,7 +16,6 @@ machine. Adding an explorer to a chapter needs no change here.
 import json
 import re
 import sys
-from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -219,21 +218,12 @@ HEATMAP_ROW = """([id, row]) => {
 }"""
 
 
-def check_shown(page, element_id, data, s, l, h, q):
+def check_shown(page, element_id, data, s, layer, h, q):
     shown = page.evaluate(SHOWN, element_id)
-    where = f"{element_id}: sequence {s}, layer {l}, head {h}, query {q}"
-    assert (
-        shown["sequence"],
-        shown["layer"],
-        shown["head"],
-        shown["query"],
-    ) == (
-        s,
-        l,
-        h,
-        q,
-    ), where
-    stored = data["sequences"][s]["weights"][l][h][q]
+    where = f"{element_id}: sequence {s}, layer {layer}, head {h}, query {q}"
+    position = [shown[k] for k in ("sequence", "layer", "head", "query")]
+    assert position == [s, layer, h, q], where
+    stored = data["sequences"][s]["weights"][layer][h][q]
     assert shown["bars"] == stored, where
     assert shown["keys"] == stored, where
     text = [f"{w:.{data['precision']}f}" for w in stored]
@@ -251,12 +241,12 @@ def check_explorer(page, element_id, data):
         timeout=20000,
     )
     S, L, H = (len(data[k]) for k in ("sequences", "layers", "heads"))
-    s, l = S - 1, L - 1
+    s, layer = S - 1, L - 1
     if S > 1:
         root.locator("select.ae-sequence").select_option(str(s))
     if L > 1:
-        root.locator("select.ae-layer").select_option(str(l))
-    weights = data["sequences"][s]["weights"][l]
+        root.locator("select.ae-layer").select_option(str(layer))
+    weights = data["sequences"][s]["weights"][layer]
     T_q = len(weights[0])
     # the query to test: the last one whose rows differ between heads 1 and 2
     q = next(
@@ -271,18 +261,18 @@ def check_explorer(page, element_id, data):
     assert tokens.count() == T_q
 
     tokens.nth(q).hover()
-    before = check_shown(page, element_id, data, s, l, 0, q)
+    before = check_shown(page, element_id, data, s, layer, 0, q)
     if T_q > 1:  # click another token, then hover back
         other = q - 1 if q > 0 else 1
         tokens.nth(other).click()
-        moved = check_shown(page, element_id, data, s, l, 0, other)
+        moved = check_shown(page, element_id, data, s, layer, 0, other)
         if weights[0][other] != before:
             assert moved != before
         tokens.nth(q).hover()
-        check_shown(page, element_id, data, s, l, 0, q)
+        check_shown(page, element_id, data, s, layer, 0, q)
     if H > 1:
         root.locator("select.ae-head").select_option("1")
-        after = check_shown(page, element_id, data, s, l, 1, q)
+        after = check_shown(page, element_id, data, s, layer, 1, q)
         if weights[1][q] != weights[0][q]:
             assert after != before, "switching the head changed nothing"
     if T_q > 1:  # the heatmap's rows select a query too
@@ -294,7 +284,9 @@ def check_explorer(page, element_id, data):
             arg=[element_id, str(target)],
             timeout=5000,
         )
-        check_shown(page, element_id, data, s, l, 1 if H > 1 else 0, target)
+        check_shown(
+            page, element_id, data, s, layer, 1 if H > 1 else 0, target
+        )
 
 
 @pytest.mark.parametrize("notebook, kind", explorer_cases())
