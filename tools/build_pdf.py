@@ -48,7 +48,11 @@ html, body { background: white !important; }
 .bd-footer-article, .bd-footer-content, .prev-next-area, .header-article,
 .bd-header-article, .headerlink, .skip-link, #pst-back-to-top,
 .search-button-field, .theme-switch-button, .toggle-details__summary svg,
-.copybtn, .bd-search, .sidebar-toggle { display: none !important; }
+.copybtn, .bd-search, .sidebar-toggle, #jb-print-docs-body {
+  display: none !important; }
+/* the theme's print style hides each page's first h1 (its own print header
+   repeats it); here that header is hidden, so the titles stay */
+.bd-main .bd-content .bd-article h1:first-of-type { display: block !important; }
 .bd-main, .bd-content, .bd-article-container, .bd-article, .bd-page-width,
 .bd-container, .bd-container__inner {
   max-width: none !important; width: auto !important; margin: 0 !important;
@@ -66,8 +70,8 @@ mjx-container { overflow: visible !important; }
   border: none !important; padding: 0.4em 0 0 0 !important; }
 .book-chapter { break-before: page; }
 h1, h2, h3 { break-after: avoid; }
-#pdf-title { height: 240mm; display: flex; flex-direction: column;
-  justify-content: center; text-align: center; break-after: page; }
+#pdf-title { display: block !important; padding-top: 80mm;
+  text-align: center; break-after: page; }
 #pdf-title h1 { font-size: 30pt; margin-bottom: 0.6em; }
 #pdf-title p { font-size: 13pt; }
 #pdf-contents { break-after: page; }
@@ -182,21 +186,39 @@ def squeeze(text):
 
 
 def chapter_pages(pdf, titles):
-    """The 1-based page where each title first appears as a line of text,
-    searching forward from the previous one."""
+    """The 1-based page where each title starts: from the PDF's outline
+    (Chromium makes one entry per heading), else the first page after the
+    previous title's whose text holds it."""
     from pypdf import PdfReader
 
-    texts = [squeeze(p.extract_text()) for p in PdfReader(pdf).pages]
-    pages, start = [], 2  # after the title page and the contents
+    reader = PdfReader(pdf)
+    entries = []
+
+    def walk(items):
+        for item in items:
+            if isinstance(item, list):
+                walk(item)
+            else:
+                page = reader.get_destination_page_number(item)
+                entries.append((squeeze(item.title), page + 1))
+
+    walk(reader.outline)
+    texts = {}
+    pages, start = [], 3  # after the title page and the contents
     for title in titles:
         wanted = squeeze(title)
-        for n in range(start, len(texts)):
-            if wanted in texts[n]:
-                pages.append(n + 1)
-                start = n + 1
-                break
-        else:
-            pages.append("")
+        found = next(
+            (n for t, n in entries if n >= start and wanted in t), None
+        )
+        if found is None:
+            for n in range(start, len(reader.pages) + 1):
+                if n not in texts:
+                    texts[n] = squeeze(reader.pages[n - 1].extract_text())
+                if wanted in texts[n]:
+                    found = n
+                    break
+        pages.append(found if found is not None else "")
+        start = found or start
     return pages
 
 
@@ -269,9 +291,11 @@ def build(out=PDF):
         print_pdf(page, out)
         printed = time.monotonic()
         pages = chapter_pages(out, titles)
+        found = time.monotonic()
         numbers = out.with_suffix(".numbers.pdf")
         page.evaluate(NUMBERS_ONLY, pages)
         print_pdf(page, numbers, footer="<div></div>")
+        numbered = time.monotonic()
         stamp_contents_page(out, numbers)
         numbers.unlink()
         if report["external_requests"]:
@@ -289,7 +313,10 @@ def build(out=PDF):
         f"build_pdf: {out.relative_to(ROOT)}: {n} pages, "
         f"{out.stat().st_size / 1e6:.1f} MB (HTML {built - started:.0f} s, "
         f"page and math {typeset - built:.0f} s, print "
-        f"{printed - typeset:.0f} s, all {time.monotonic() - started:.0f} s)"
+        f"{printed - typeset:.0f} s, pages found {found - printed:.0f} s, "
+        f"numbers printed {numbered - found:.0f} s, stamped "
+        f"{time.monotonic() - numbered:.0f} s; all "
+        f"{time.monotonic() - started:.0f} s)"
     )
     return out
 
