@@ -178,10 +178,16 @@ def build_single_html():
     return page
 
 
+QUOTES = str.maketrans(
+    {"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'}
+)
+
+
 def squeeze(text):
     """Text without spaces, line breaks and hyphens, to find a title that
     the PDF breaks over two lines."""
     text = unicodedata.normalize("NFKC", text)  # ligatures: "ﬁ" -> "fi"
+    text = text.translate(QUOTES)  # the page's typographic quotes
     return re.sub(r"[\s\-\u00ad\u2010]+", "", text)
 
 
@@ -231,16 +237,17 @@ NUMBERS_ONLY = """pages => {
   const style = document.createElement('style');
   style.textContent = '#pdf-contents ~ * { display: none !important; } '
     + 'body * { visibility: hidden !important; } '
-    + '#pdf-contents .page-number { visibility: visible !important; }';
+    + '#pdf-contents .page-number { visibility: visible !important; } '
+    + 'html, body { background: transparent !important; }';
   document.head.appendChild(style);
 }"""
 
 
-def print_pdf(page, out, footer=FOOTER):
+def print_pdf(page, out, footer=FOOTER, background=True):
     page.pdf(
         path=str(out),
         format="A4",
-        print_background=True,
+        print_background=background,
         display_header_footer=True,
         header_template="<div></div>",
         footer_template=footer,
@@ -294,7 +301,8 @@ def build(out=PDF):
         found = time.monotonic()
         numbers = out.with_suffix(".numbers.pdf")
         page.evaluate(NUMBERS_ONLY, pages)
-        print_pdf(page, numbers, footer="<div></div>")
+        # no background: the numbers must not paint over the page's text
+        print_pdf(page, numbers, footer="<div></div>", background=False)
         numbered = time.monotonic()
         stamp_contents_page(out, numbers)
         numbers.unlink()
