@@ -35,6 +35,7 @@ help:
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings and chapter 7's training times"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
+	@echo "make pdf            the whole book as one PDF in _build/pdf/ (needs Debian's chromium)"
 	@echo "make linkcheck      check the external links of the pages (needs a network)"
 	@echo "make test-notebooks / test-code   the nbval part / the tests/ part alone"
 	@echo "make clean          remove _build and caches (make distclean also removes .venv)"
@@ -128,6 +129,12 @@ linkcheck: $(STAMP)
 # Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
 screenshots: html
 	$(BIN)/python tools/screenshots.py
+
+# The whole book as one PDF, _build/pdf/attention-from-scratch.pdf: the
+# single-page HTML build printed by Debian's chromium (tools/build_pdf.py).
+.PHONY: pdf
+pdf: $(STAMP)
+	$(BIN)/python tools/build_pdf.py
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache .hypothesis tests/__pycache__ book/__pycache__ \

@@ -15,6 +15,11 @@
    `requirements.txt` and a README. `make test` executes every chapter from
    its extracted zip in an empty folder, so a file missing from a zip fails
    the tests. The notebook alone stays in the menu as `.ipynb`.
+4. Offline plotly.js for the attention explorer (book/explorer.py). The
+   JavaScript bundled in the PyPI package `plotly` is copied to
+   `_static/plotly/plotly.min.js` when the build ends, and loaded only by
+   the pages that hold an explorer (a raw HTML output with the class
+   `attention-explorer`): no CDN.
 """
 
 import ast
@@ -24,8 +29,13 @@ import zipfile
 from pathlib import Path
 
 import mathjax
+import plotly
+from docutils import nodes
 
 SOURCE = Path(mathjax.__file__).parent / "static/mathjax/es5/tex-svg-full.js"
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+PLOTLY_TARGET = "plotly/plotly.min.js"  # under _static
+EXPLORER_MARK = 'class="attention-explorer"'
 
 
 def copy_mathjax(app, exception):
@@ -34,6 +44,29 @@ def copy_mathjax(app, exception):
     target = Path(app.outdir) / "_static" / "mathjax" / SOURCE.name
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(SOURCE, target)
+
+
+def copy_plotly(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    target = Path(app.outdir) / "_static" / PLOTLY_TARGET
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PLOTLY_JS, target)
+
+
+def has_explorer(doctree):
+    """Whether a page holds an attention explorer (book/explorer.py)."""
+    return doctree is not None and any(
+        EXPLORER_MARK in node.astext()
+        for node in doctree.findall(nodes.raw)
+        if "html" in node.get("format", "").split()
+    )
+
+
+def add_plotly_where_needed(app, pagename, templatename, context, doctree):
+    """plotly.js for the pages with an explorer, and for no other page."""
+    if has_explorer(doctree):
+        app.add_js_file(PLOTLY_TARGET)
 
 
 def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
@@ -170,6 +203,10 @@ def add_zip_download(app, pagename, templatename, context, doctree):
 def setup(app):
     if not SOURCE.is_file():
         raise RuntimeError(f"MathJax not found at {SOURCE}")
+    if not PLOTLY_JS.is_file():
+        raise RuntimeError(f"plotly.js not found at {PLOTLY_JS}")
+    app.connect("build-finished", copy_plotly)
+    app.connect("html-page-context", add_plotly_where_needed)
     app.connect("build-finished", copy_mathjax)
     app.connect("build-finished", write_downloads)
     app.connect("html-page-context", drop_duplicate_scripts)

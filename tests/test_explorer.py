@@ -1,0 +1,322 @@
+"""The attention explorer (book/explorer.py): its input checks and stored
+data, and, in Debian's Chromium, every explorer the book shows.
+
+Explorers are found, not listed: every notebook of the table of contents
+whose stored outputs hold one is opened as its built page
+(_build/html/<chapter>.html), and every notebook in tests/explorer/ (test
+fixtures, not chapters) as a small page that loads the site's own copy of
+plotly.js. In each explorer the test picks the last sequence and layer,
+hovers over a token, clicks another, switches the head and hovers over a
+heatmap row, and asserts after each step that the weights shown (the bar
+chart's numbers and the shaded tokens) are the notebook's STORED weights for
+that token, read here from the .ipynb file, and that no request left the
+machine. Adding an explorer to a chapter needs no change here.
+"""
+
+import json
+import re
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+import yaml
+from conftest import BOOK, ROOT, require_system_tool
+
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(BOOK))
+import site_browser
+from explorer import PRECISION, attention_explorer
+
+FIXTURES = ROOT / "tests" / "explorer"
+PLOTLY = site_browser.HTML / "_static" / "plotly" / "plotly.min.js"
+EXPLORER = re.compile(
+    r'<div class="attention-explorer" id="(attention-explorer-[0-9a-f]+)">'
+    r'.*?<script type="application/json" class="attention-explorer-data">'
+    r"(.*?)</script>",
+    re.S,
+)
+
+
+def stored_explorers(notebook):
+    """[(element id, data)] of the explorers in a notebook's stored outputs,
+    in page order."""
+    nb = nbformat.read(notebook, as_version=4)
+    found = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            html = out.get("data", {}).get("text/html", "")
+            html = "".join(html) if isinstance(html, list) else html
+            found += [(i, json.loads(d)) for i, d in EXPLORER.findall(html)]
+    return found
+
+
+def chapter_notebooks():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    docs = [toc["root"]]
+    for part in toc.get("parts", []):
+        docs += [chapter["file"] for chapter in part.get("chapters", [])]
+    return [
+        ROOT / f"{d}.ipynb" for d in docs if (ROOT / f"{d}.ipynb").is_file()
+    ]
+
+
+def explorer_cases():
+    """(id, notebook, kind) for every notebook that shows an explorer."""
+    cases = [
+        pytest.param(nb, "chapter", id=nb.stem)
+        for nb in chapter_notebooks()
+        if stored_explorers(nb)
+    ]
+    cases += [
+        pytest.param(nb, "fixture", id=f"fixture-{nb.stem}")
+        for nb in sorted(FIXTURES.glob("*.ipynb"))
+    ]
+    return cases
+
+
+# --- the module itself ------------------------------------------------------
+
+
+def test_fixture_notebooks_show_explorers():
+    """The browser test has something to open before any chapter has one."""
+    fixtures = sorted(FIXTURES.glob("*.ipynb"))
+    assert fixtures
+    for nb in fixtures:
+        assert stored_explorers(nb), f"{nb.name} shows no explorer"
+
+
+def test_weights_are_rounded_and_shapes_kept():
+    rng = np.random.default_rng(0)
+    E = rng.normal(size=(2, 3, 4, 5, 5))
+    A = np.exp(E) / np.exp(E).sum(axis=-1, keepdims=True)
+    ex = attention_explorer(A, [list("abcde"), list("vwxyz")])
+    got = np.array([s["weights"] for s in ex.data["sequences"]])
+    assert got.shape == A.shape
+    np.testing.assert_array_equal(got, np.round(A, PRECISION))
+    assert repr(ex) == (
+        "<attention explorer: 2 sequences, 3 layers, 4 heads; T = 5, 5; "
+        "3 decimals>"
+    )
+    html = ex._repr_html_()
+    ids = EXPLORER.findall(html)
+    assert len(ids) == 1 and json.loads(ids[0][1]) == ex.data
+    assert (
+        html
+        == attention_explorer(A, [list("abcde"), list("vwxyz")])._repr_html_()
+    )
+    assert "cdn" not in html.lower() and "http" not in html
+
+
+def test_sequences_of_different_lengths_and_cross_attention():
+    A1 = np.full((1, 1, 2, 3), 1 / 3)
+    A2 = np.full((1, 1, 4, 3), 1 / 3)
+    ex = attention_explorer(
+        [A1, A2],
+        [["a", "b"], ["c", "d", "e", "f"]],
+        key_tokens=[["x", "y", "z"], ["x", "y", "z"]],
+    )
+    assert [len(s["queries"]) for s in ex.data["sequences"]] == [2, 4]
+    assert ex.data["sequences"][1]["weights"][0][0][3] == [0.333] * 3
+    assert "T = 2, 4" in repr(ex)
+
+
+@pytest.mark.parametrize(
+    "weights, tokens, message",
+    [
+        (np.full((1, 1, 2, 2), 0.5), ["a", "b"], r"shape \(sequences"),
+        (np.full((1, 1, 1, 2, 2), 0.5), ["a", "b", "c"], "2 x 2 but there"),
+        (np.full((1, 1, 1, 2, 2), 0.6), ["a", "b"], "sums to 1"),
+        (np.full((1, 1, 1, 2, 2), np.nan), ["a", "b"], "NaN"),
+        (
+            np.array([[[[[1.5, -0.5], [0.5, 0.5]]]]]),
+            ["a", "b"],
+            r"in \[0, 1\]",
+        ),
+        (np.full((1, 1, 1, 2, 2), 0.5), "ab", "list of strings"),
+        (np.full((2, 1, 1, 2, 2), 0.5), ["a", "b"], "1 lists of tokens"),
+        (
+            [np.full((1, 1, 1, 1), 1.0), np.full((1, 2, 1, 1), 1.0)],
+            [["a"], ["b"]],
+            "differ in layers or heads",
+        ),
+    ],
+)
+def test_bad_input_raises_a_named_value_error(weights, tokens, message):
+    with pytest.raises(ValueError, match=message):
+        attention_explorer(weights, tokens)
+
+
+def test_plotly_ships_with_the_site_and_only_where_needed(built_site):
+    assert built_site[0] == 0, "the site did not build"
+    assert PLOTLY.is_file() and PLOTLY.stat().st_size > 1_000_000
+    for page in site_browser.site_pages():
+        text = page.read_text(encoding="utf-8")
+        has = 'class="attention-explorer"' in text
+        loads = "_static/plotly/plotly.min.js" in text
+        assert has == loads, f"{page.name}: explorer {has}, plotly.js {loads}"
+        assert "cdn.plot.ly" not in text
+
+
+# --- in the browser ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chromium(built_site):
+    require_system_tool(
+        site_browser.chromium_binary() is not None,
+        "Debian's Chromium (the browser test opens every page in it)",
+        "apt-get install chromium",
+    )
+    assert built_site[0] == 0, "the site did not build"
+    with site_browser.browser() as b:
+        yield b
+
+
+def fixture_page(notebook, folder):
+    """A page with the fixture notebook's stored HTML outputs that loads the
+    site's copy of plotly.js, as a chapter page does."""
+    nb = nbformat.read(notebook, as_version=4)
+    body = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            html = out.get("data", {}).get("text/html")
+            if html:
+                body.append("".join(html) if isinstance(html, list) else html)
+    page = folder / f"{notebook.stem}.html"
+    page.write_text(
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">\n'
+        f'<script src="{PLOTLY.as_uri()}"></script></head>\n<body>\n'
+        + "\n".join(body)
+        + "\n</body></html>\n",
+        encoding="utf-8",
+    )
+    return page
+
+
+SHOWN = """id => {
+  const root = document.getElementById(id);
+  const gd = root.querySelector('.ae-plot');
+  return {
+    sequence: Number(root.dataset.sequence), layer: Number(root.dataset.layer),
+    head: Number(root.dataset.head), query: Number(root.dataset.query),
+    bars: Array.from(gd.data[0].y),
+    labels: Array.from(gd.data[0].text),
+    keys: Array.from(root.querySelectorAll('.ae-key')).map(
+      k => Number(k.dataset.weight)),
+    key_labels: Array.from(root.querySelectorAll('.ae-key .ae-weight')).map(
+      k => k.textContent),
+  };
+}"""
+
+# the page coordinates of the centre of a heatmap row (plotly's axes)
+HEATMAP_ROW = """([id, row]) => {
+  const gd = document.getElementById(id).querySelector('.ae-plot');
+  const box = gd.getBoundingClientRect(), fl = gd._fullLayout;
+  return [box.left + fl.xaxis2._offset + fl.xaxis2.d2p(0),
+          box.top + fl.yaxis2._offset + fl.yaxis2.d2p(row)];
+}"""
+
+
+def check_shown(page, element_id, data, s, layer, h, q):
+    shown = page.evaluate(SHOWN, element_id)
+    where = f"{element_id}: sequence {s}, layer {layer}, head {h}, query {q}"
+    position = [shown[k] for k in ("sequence", "layer", "head", "query")]
+    assert position == [s, layer, h, q], where
+    stored = data["sequences"][s]["weights"][layer][h][q]
+    assert shown["bars"] == stored, where
+    assert shown["keys"] == stored, where
+    text = [f"{w:.{data['precision']}f}" for w in stored]
+    assert shown["labels"] == text and shown["key_labels"] == text, where
+    return stored
+
+
+def check_explorer(page, element_id, data):
+    root = page.locator(f"#{element_id}")
+    root.scroll_into_view_if_needed()
+    page.wait_for_function(
+        "id => { const gd = document.getElementById(id)"
+        ".querySelector('.ae-plot'); return gd.data && gd.data.length === 2 }",
+        arg=element_id,
+        timeout=20000,
+    )
+    S, L, H = (len(data[k]) for k in ("sequences", "layers", "heads"))
+    s, layer = S - 1, L - 1
+    if S > 1:
+        root.locator("select.ae-sequence").select_option(str(s))
+    if L > 1:
+        root.locator("select.ae-layer").select_option(str(layer))
+    weights = data["sequences"][s]["weights"][layer]
+    T_q = len(weights[0])
+    # the query to test: the last one whose rows differ between heads 1 and 2
+    q = next(
+        (
+            i
+            for i in reversed(range(T_q))
+            if H == 1 or weights[0][i] != weights[1][i]
+        ),
+        T_q - 1,
+    )
+    tokens = root.locator(".ae-token")
+    assert tokens.count() == T_q
+
+    tokens.nth(q).hover()
+    before = check_shown(page, element_id, data, s, layer, 0, q)
+    if T_q > 1:  # click another token, then hover back
+        other = q - 1 if q > 0 else 1
+        tokens.nth(other).click()
+        moved = check_shown(page, element_id, data, s, layer, 0, other)
+        if weights[0][other] != before:
+            assert moved != before
+        tokens.nth(q).hover()
+        check_shown(page, element_id, data, s, layer, 0, q)
+    if H > 1:
+        root.locator("select.ae-head").select_option("1")
+        after = check_shown(page, element_id, data, s, layer, 1, q)
+        if weights[1][q] != weights[0][q]:
+            assert after != before, "switching the head changed nothing"
+    if T_q > 1:  # the heatmap's rows select a query too
+        target = 0 if q != 0 else 1
+        x, y = page.evaluate(HEATMAP_ROW, [element_id, target])
+        page.mouse.move(x, y)
+        page.wait_for_function(
+            "([id, q]) => document.getElementById(id).dataset.query === q",
+            arg=[element_id, str(target)],
+            timeout=5000,
+        )
+        check_shown(
+            page, element_id, data, s, layer, 1 if H > 1 else 0, target
+        )
+
+
+@pytest.mark.parametrize("notebook, kind", explorer_cases())
+def test_explorer_shows_the_stored_weights_offline(
+    chromium, tmp_path, notebook, kind
+):
+    explorers = stored_explorers(notebook)
+    if kind == "chapter":
+        doc = notebook.relative_to(ROOT).with_suffix(".html")
+        path = site_browser.HTML / doc
+    else:
+        path = fixture_page(notebook, tmp_path)
+    page, report = site_browser.open_page(chromium, path)
+    try:
+        on_page = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.attention-explorer'))"
+            ".map(e => e.id)"
+        )
+        assert on_page == [i for i, _ in explorers]
+        assert page.evaluate("() => typeof window.Plotly") == "object"
+        for element_id, data in explorers:
+            check_explorer(page, element_id, data)
+        scripts = page.evaluate(
+            "() => Array.from(document.scripts).map(s => s.src).filter(Boolean)"
+        )
+        plotly = [s for s in scripts if s.endswith("/plotly/plotly.min.js")]
+        assert len(plotly) == 1 and plotly[0].startswith("file://")
+        assert all(s.startswith("file://") for s in scripts), scripts
+        assert report["external_requests"] == []
+        assert report["console_errors"] == []
+        assert report["page_errors"] == []
+    finally:
+        page.context.close()

@@ -1,0 +1,186 @@
+"""The book as one PDF (`make pdf`, tools/build_pdf.py): a title page, the
+contents, every chapter's title, every figure, and no math left as TeX.
+
+The tests read the PDF that `make pdf` wrote (a build takes minutes, too long
+for the test run; CI runs `make pdf` before `make test`). Without Debian's
+Chromium, or without a PDF as new as the book's sources, the tests are
+skipped with the reason and what to run; under CI (`CI=true`) they fail.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+import yaml
+from conftest import ROOT, require_system_tool
+
+sys.path.insert(0, str(ROOT / "tools"))
+import build_pdf
+import site_browser
+
+
+def toc_documents():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    docs = [toc["root"]]
+    for part in toc.get("parts", []):
+        docs += [chapter["file"] for chapter in part.get("chapters", [])]
+    return [
+        next(ROOT.glob(f"{d}.*")) for d in docs if any(ROOT.glob(f"{d}.*"))
+    ]
+
+
+def title_of(path):
+    """The first level-1 heading of a notebook or Markdown page."""
+    if path.suffix == ".ipynb":
+        nb = nbformat.read(path, as_version=4)
+        text = "\n".join(
+            c.source for c in nb.cells if c.cell_type == "markdown"
+        )
+    else:
+        text = path.read_text(encoding="utf-8")
+    match = re.search(r"^# (.+)$", text, re.M)
+    assert match, f"{path.name} has no title"
+    return re.sub(r"[*_`]", "", match.group(1)).strip()
+
+
+def sources():
+    return [*toc_documents(), ROOT / "_toc.yml", ROOT / "_config.yml"]
+
+
+@pytest.fixture(scope="session")
+def pdf():
+    require_system_tool(
+        site_browser.chromium_binary() is not None,
+        "Debian's Chromium (make pdf prints the book with it)",
+        "apt-get install chromium",
+    )
+    target = build_pdf.PDF
+    newest = max(p.stat().st_mtime for p in sources())
+    if not target.is_file() or target.stat().st_mtime < newest:
+        message = (
+            f"{target.relative_to(ROOT)} is missing or older than the book's "
+            "sources: run `make pdf` first"
+        )
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        pytest.skip(message)
+    from pypdf import PdfReader
+
+    reader = PdfReader(target)
+    return reader, page_texts(target, reader)
+
+
+def page_texts(path, reader):
+    """The text of every page: poppler's pdftotext where installed (about a
+    second), else pypdf (slower)."""
+    if shutil.which("pdftotext"):
+        out = subprocess.run(
+            ["pdftotext", "-enc", "UTF-8", str(path), "-"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        texts = out.split("\f")[: len(reader.pages)]
+        assert len(texts) == len(reader.pages)
+        return texts
+    return [page.extract_text() for page in reader.pages]
+
+
+def squeeze(text):
+    return build_pdf.squeeze(text)
+
+
+def test_title_page_and_contents(pdf):
+    _, texts = pdf
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    assert squeeze(config["title"]) in squeeze(texts[0])
+    assert "Contents" in texts[1]
+    contents = squeeze(texts[1])
+    for path in toc_documents():
+        assert squeeze(title_of(path)) in contents, path.name
+
+
+def test_every_chapter_title_in_order(pdf):
+    _, texts = pdf
+    body = squeeze(" ".join(texts[2:]))
+    at = 0
+    for path in toc_documents():
+        found = body.find(squeeze(title_of(path)), at)
+        assert found >= 0, f"no title of {path.name} after the previous one"
+        at = found
+    record = json.loads(build_pdf.PDF.with_suffix(".json").read_text())
+    pages = record["pages"]
+    assert all(isinstance(p, int) for p in pages), pages
+    assert pages == sorted(pages) and pages[0] >= 3 and pages[-1] <= len(texts)
+
+
+def stored_figures():
+    """Image outputs (PNG, JPEG) stored in the notebooks, and images that the
+    pages' Markdown shows."""
+    count = 0
+    for path in toc_documents():
+        if path.suffix != ".ipynb":
+            continue
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                count += len(
+                    re.findall(r"!\[|<img |```\{(figure|image)\}", cell.source)
+                )
+            for out in cell.get("outputs", []):
+                data = out.get("data", {})
+                count += "image/png" in data or "image/jpeg" in data
+    return count
+
+
+def pdf_images(reader):
+    """The distinct raster images the PDF draws (its image XObjects)."""
+    seen = set()
+    for page in reader.pages:
+        xobjects = page.get("/Resources", {}).get("/XObject", {})
+        for name, ref in xobjects.items():
+            obj = ref.get_object()
+            if obj.get("/Subtype") == "/Image":
+                seen.add(getattr(ref, "idnum", name))
+    return seen
+
+
+def test_every_figure_is_in_the_pdf(pdf):
+    reader, _ = pdf
+    figures = stored_figures()
+    assert figures > 10
+    assert len(pdf_images(reader)) >= figures
+
+
+def test_no_math_left_as_tex(pdf):
+    """TeX markers appear no more often than in the code the book shows."""
+    _, texts = pdf
+    text = "\n".join(texts)
+    code = []
+    for path in toc_documents():
+        if path.suffix == ".ipynb":
+            nb = nbformat.read(path, as_version=4)
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    code.append(cell.source)
+                    for out in cell.get("outputs", []):
+                        code.append(str(out.get("text", "")))
+                        code.append(
+                            str(out.get("data", {}).get("text/plain", ""))
+                        )
+    code = "\n".join(code)
+    for marker in (
+        "$$",
+        "\\frac",
+        "\\(",
+        "\\[",
+        "\\begin{",
+        "\\alpha",
+        "\\exp",
+    ):
+        assert text.count(marker) <= code.count(marker), marker
