@@ -1,10 +1,9 @@
 """The book's Transformer block, shared by the chapters that build on it.
 
 Chapter 6 builds multi-head self-attention, sinusoidal and rotary positions
-and a pre-norm encoder block; that code is here, and chapter 6 imports it
-and prints each piece where its text explains it. Chapter 10 extends it
-with what a text generator needs, each extension off by default so that
-chapter 6's classes are unchanged:
+and a pre-norm encoder block; it imports that code from here and prints it.
+Chapter 10 extends it with what a text generator needs, each extension off
+by default so that chapter 6's classes are unchanged:
 
 - `G` key/value heads shared by groups of the `H` query heads (grouped-query
   attention; `G = 1` is multi-query attention, `G = H` chapter 6's);
