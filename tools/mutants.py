@@ -29,8 +29,8 @@ They run with ``-x -q``, without nbval, xdist or pytest's cache, in a copy of
 book/, tests/, tools/ and the top-level files made once per job (so the tests'
 load_chapter reads the copy's notebooks), with Python's bytecode cache off (a
 same-size edit within one second would otherwise reuse a stale .pyc). Before
-the mutants, every test set runs once unmodified: a set that fails there
-would make its mutants look caught, so the run stops.
+the mutants, every test file they use runs once unmodified, in one pytest
+process: a failing test would make mutants look caught, so the run stops.
 
 Usage::
 
@@ -270,10 +270,12 @@ def environment(jobs):
     return env
 
 
-def run_pytest(scratch, tests, env, timeout):
-    """(exit status or None on timeout, output) of pytest on `tests`."""
+def run_pytest(scratch, tests, env, timeout, first_only=True):
+    """(exit status or None on timeout, output) of pytest on `tests`,
+    stopping at the first failure unless first_only is False."""
+    flags = PYTEST_FLAGS if first_only else PYTEST_FLAGS[1:]  # drop -x
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *PYTEST_FLAGS, *tests],
+        [sys.executable, "-m", "pytest", *flags, *tests],
         cwd=scratch,
         env=env,
         stdout=subprocess.PIPE,
@@ -328,14 +330,19 @@ def run_mutant(mutant, scratch, env, timeout):
     return Result(mutant, "error", seconds, f"pytest exit {status}: {tail}")
 
 
-def baseline(scratch, test_sets, env, timeout):
-    """Every test set, unmodified, must pass; returns the failures."""
-    failures = []
-    for tests in test_sets:
-        status, output = run_pytest(scratch, list(tests), env, timeout)
-        if status != 0:
-            failures.append((tests, status, first_failure(output) or output))
-    return failures
+def baseline(scratch, files, env, timeout):
+    """Every test file the mutants use, run once unmodified in one pytest
+    process; returns the failures' summary lines ([] when all pass)."""
+    status, output = run_pytest(scratch, files, env, timeout, False)
+    if status == 0:
+        return []
+    failed = [
+        line
+        for line in output.splitlines()
+        if line.startswith(("FAILED ", "ERROR "))
+    ]
+    exit_status = "timeout" if status is None else f"exit {status}"
+    return failed or [f"pytest {exit_status}: {output.strip()[-500:]}"]
 
 
 def select(mutants, only):
@@ -440,19 +447,20 @@ def main(argv=None):
         for _ in range(min(args.jobs, len(mutants))):
             scratches.put(make_scratch(Path(parent)))
         if not args.no_baseline:
-            sets = sorted(
+            files = sorted(
                 {
-                    tuple(tests_for(ROOT, m))
+                    test
                     for m in mutants
                     if count_matches(ROOT, m) == 1
+                    for test in tests_for(ROOT, m)
                 }
             )
-            print(f"Baseline: {len(sets)} test set(s) without a mutant ...")
-            failures = baseline(scratches.queue[0], sets, env, args.timeout)
-            for tests, status, detail in failures:
-                print(f"  FAILS without a mutant (exit {status}): {tests}")
-                print(f"    {detail.strip()[-500:]}")
+            print(f"Baseline: {len(files)} test file(s) without a mutant ...")
+            failures = baseline(scratches.queue[0], files, env, args.timeout)
+            for line in failures:
+                print(f"  fails without a mutant: {line}")
             if failures:
+                print("The tests must pass before mutants can be judged.")
                 return 2
             print(f"  passed ({time.perf_counter() - start:.0f} s)")
 
