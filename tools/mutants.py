@@ -25,7 +25,8 @@ The tests run by default:
   chapter that imports X, directly or through another book/ module (found by
   reading the notebooks' and modules' import statements).
 
-They run with ``-x -q``, without nbval, xdist or pytest's cache, in a copy of
+They run one file at a time, in that order, until one fails, each with
+``-x -q``, without nbval, xdist or pytest's cache, in a copy of
 book/, tests/, tools/ and the top-level files made once per job (so the tests'
 load_chapter reads the copy's notebooks), with Python's bytecode cache off (a
 same-size edit within one second would otherwise reuse a stale .pyc). Before
@@ -316,7 +317,13 @@ def run_mutant(mutant, scratch, env, timeout):
             patched_text(original.decode("utf-8"), path.suffix, mutant),
             encoding="utf-8",
         )
-        status, output = run_pytest(scratch, tests, env, timeout)
+        # one file at a time, in order, until one fails: pytest collects
+        # (imports) every file it is given before running any test, and a
+        # module's own test file, first in the list, usually fails alone
+        for test in tests:
+            status, output = run_pytest(scratch, [test], env, timeout)
+            if status != 0:
+                break
     finally:
         path.write_bytes(original)
     seconds = time.perf_counter() - start
