@@ -29,9 +29,11 @@ They run one file at a time, in that order, until one fails, each with
 ``-x -q``, without nbval, xdist or pytest's cache, in a copy of
 book/, tests/, tools/ and the top-level files made once per job (so the tests'
 load_chapter reads the copy's notebooks), with Python's bytecode cache off (a
-same-size edit within one second would otherwise reuse a stale .pyc). Before
-the mutants, every test file they use runs once unmodified, in one pytest
-process: a failing test would make mutants look caught, so the run stops.
+same-size edit within one second would otherwise reuse a stale .pyc), and
+one Hypothesis seed. Before the mutants, every test file they use runs once
+unmodified, as the mutants run it: a file that does not run stops the run; a
+test that fails there would make mutants look caught, so it is left out of
+every mutant's run and named in a warning at the end.
 
 Usage::
 
@@ -87,6 +89,8 @@ PYTEST_FLAGS = [
     "no:nbval",
     "-p",
     "no:xdist",
+    # the same generated examples in the baseline and in every mutant's run
+    "--hypothesis-seed=0",
 ]
 FIELDS = {"id", "file", "find", "replace", "description", "tests"}
 
@@ -271,12 +275,14 @@ def environment(jobs):
     return env
 
 
-def run_pytest(scratch, tests, env, timeout, first_only=True):
+def run_pytest(scratch, tests, env, timeout, first_only=True, deselect=()):
     """(exit status or None on timeout, output) of pytest on `tests`,
-    stopping at the first failure unless first_only is False."""
+    stopping at the first failure unless first_only is False, without the
+    tests (node ids) in `deselect`."""
     flags = PYTEST_FLAGS if first_only else PYTEST_FLAGS[1:]  # drop -x
+    left_out = [x for test in deselect for x in ("--deselect", test)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *flags, *tests],
+        [sys.executable, "-m", "pytest", *flags, *left_out, *tests],
         cwd=scratch,
         env=env,
         stdout=subprocess.PIPE,
@@ -301,7 +307,7 @@ def first_failure(output):
     return ""
 
 
-def run_mutant(mutant, scratch, env, timeout):
+def run_mutant(mutant, scratch, env, timeout, deselect=()):
     start = time.perf_counter()
     if count_matches(scratch, mutant) != 1:
         n = count_matches(scratch, mutant)
@@ -321,7 +327,9 @@ def run_mutant(mutant, scratch, env, timeout):
         # (imports) every file it is given before running any test, and a
         # module's own test file, first in the list, usually fails alone
         for test in tests:
-            status, output = run_pytest(scratch, [test], env, timeout)
+            status, output = run_pytest(
+                scratch, [test], env, timeout, deselect=deselect
+            )
             if status != 0:
                 break
     finally:
@@ -338,18 +346,28 @@ def run_mutant(mutant, scratch, env, timeout):
 
 
 def baseline(scratch, files, env, timeout):
-    """Every test file the mutants use, run once unmodified in one pytest
-    process; returns the failures' summary lines ([] when all pass)."""
-    status, output = run_pytest(scratch, files, env, timeout, False)
-    if status == 0:
-        return []
-    failed = [
-        line
-        for line in output.splitlines()
-        if line.startswith(("FAILED ", "ERROR "))
-    ]
-    exit_status = "timeout" if status is None else f"exit {status}"
-    return failed or [f"pytest {exit_status}: {output.strip()[-500:]}"]
+    """Every test file the mutants use, run once unmodified, each in its own
+    pytest process as the mutants run it. Returns (the node ids of failing
+    tests, the lines that say why, the files that did not run at all)."""
+    failed, why, broken = [], [], []
+    for test in files:
+        status, output = run_pytest(scratch, [test], env, timeout, False)
+        if status == 0:
+            continue
+        lines = output.splitlines()
+        ids = [
+            line.split(" ", 1)[1].split(" - ")[0]
+            for line in lines
+            if line.startswith("FAILED ")
+        ]
+        if status != 1 or not ids:  # a collection error, a timeout, ...
+            exit_status = "timeout" if status is None else f"exit {status}"
+            broken.append(f"{test}: pytest {exit_status}")
+            why += lines[-10:]
+            continue
+        failed += ids
+        why += [line for line in lines if line.startswith("E ")][:12]
+    return failed, why, broken
 
 
 def select(mutants, only):
@@ -453,6 +471,7 @@ def main(argv=None):
         scratches = queue.Queue()
         for _ in range(min(args.jobs, len(mutants))):
             scratches.put(make_scratch(Path(parent)))
+        deselect = []
         if not args.no_baseline:
             files = sorted(
                 {
@@ -463,20 +482,28 @@ def main(argv=None):
                 }
             )
             print(f"Baseline: {len(files)} test file(s) without a mutant ...")
-            failures = baseline(scratches.queue[0], files, env, args.timeout)
-            for line in failures:
-                print(f"  fails without a mutant: {line}")
-            if failures:
-                print("The tests must pass before mutants can be judged.")
+            failed, why, broken = baseline(
+                scratches.queue[0], files, env, args.timeout
+            )
+            for line in [*broken, *failed, *why]:
+                print(f"  without a mutant: {line}")
+            if broken:
+                print("A test file does not run: no mutant can be judged.")
                 return 2
-            print(f"  passed ({time.perf_counter() - start:.0f} s)")
+            # a test failing without a mutant would make mutants look
+            # caught: it is left out of every mutant's run, and named again
+            # at the end
+            deselect = failed
+            print(f"  done ({time.perf_counter() - start:.0f} s)")
 
         lock = threading.Lock()
 
         def work(mutant):
             scratch = scratches.get()
             try:
-                result = run_mutant(mutant, scratch, env, args.timeout)
+                result = run_mutant(
+                    mutant, scratch, env, args.timeout, deselect
+                )
             finally:
                 scratches.put(scratch)
             with lock:
@@ -490,7 +517,10 @@ def main(argv=None):
         print(f"Mutants: {len(mutants)}, {args.jobs} at a time")
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             results = list(pool.map(work, mutants))
-    return 0 if report(results, time.perf_counter() - start, args.jobs) else 1
+    all_caught = report(results, time.perf_counter() - start, args.jobs)
+    for test in deselect:
+        print(f"WARNING: fails without a mutant, left out: {test}")
+    return 0 if all_caught else 1
 
 
 if __name__ == "__main__":
