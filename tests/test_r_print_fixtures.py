@@ -6,8 +6,8 @@ vectors and matrix columns, row labels, very large and very small numbers.
 These tests need no R. Where R is installed, R's output is compared live
 with the stored file as well.
 
-The functions are looked up by name in whichever notebook defines them, so
-the test follows them if they move to another chapter or an appendix.
+The functions live in book/r_port.py, which chapter 2 and the appendix
+import; the test reads them from the appendix, as a reader's kernel does.
 """
 
 import ast
@@ -23,16 +23,20 @@ R_INSTALL = "apt-get install r-base-core r-cran-matrixstats"
 FUNCTIONS = ("r_format_vector", "r_format_matrix")
 
 
-def defining_notebook(name):
-    """The one notebook under book/ whose code cells define `name`."""
+def defining_module(name):
+    """The one file under book/ (module or notebook) that defines `name`."""
     found = []
-    for path in sorted(BOOK.glob("*.ipynb")):
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        for cell in cells:
-            if cell["cell_type"] != "code":
-                continue
+    for path in sorted(BOOK.glob("*.py")) + sorted(BOOK.glob("*.ipynb")):
+        if path.suffix == ".py":
+            sources = [path.read_text(encoding="utf-8")]
+        else:
+            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+            sources = [
+                "".join(c["source"]) for c in cells if c["cell_type"] == "code"
+            ]
+        for source in sources:
             try:
-                tree = ast.parse("".join(cell["source"]))
+                tree = ast.parse(source)
             except SyntaxError:
                 continue
             if any(
@@ -40,15 +44,18 @@ def defining_notebook(name):
                 for node in tree.body
             ):
                 found.append(path.name)
-    assert len(set(found)) == 1, f"{name} defined in {found}"
+    assert found == ["r_port.py"], f"{name} defined in {found}"
     return found[0]
 
 
 @pytest.fixture(scope="module")
 def emulation():
-    notebooks = {defining_notebook(name) for name in FUNCTIONS}
-    assert len(notebooks) == 1, notebooks
-    return load_chapter(notebooks.pop())
+    for name in FUNCTIONS:
+        defining_module(name)
+    appendix = load_chapter("appendix_r_internals.ipynb")
+    for name in FUNCTIONS:
+        assert getattr(appendix, name).__module__ == "r_port", name
+    return appendix
 
 
 STORED = json.loads(FIXTURES.read_text(encoding="utf-8"))

@@ -1,7 +1,8 @@
 """Plant each listed bug in a scratch copy of the book and check that tests/
 alone catches it: `make mutants` (issue 31).
 
-The bugs are listed in tools/mutants.toml, one ``[[mutant]]`` table each::
+The bugs are listed in tools/mutants/*.toml (one file per chapter or
+module), one ``[[mutant]]`` table each::
 
     [[mutant]]
     id = "plots-vmax"
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MUTANTS = ROOT / "tools" / "mutants.toml"
+MUTANTS = ROOT / "tools" / "mutants"
 # what a scratch copy holds: the tests need the notebooks, the modules and
 # data under book/, the loader and site tools under tools/, and the config
 COPIED_DIRS = ("book", "tests", "tools", "_ext")
@@ -114,12 +115,22 @@ class Result:
 
 
 def load_mutants(path=MUTANTS):
-    """The mutants listed in `path`, checked for their fields and unique ids."""
+    """The mutants listed in `path` (a TOML file, or a folder of them read in
+    name order), checked for their fields and ids unique across files."""
+    paths = sorted(path.glob("*.toml")) if path.is_dir() else [path]
+    mutants, seen = [], set()
+    for one in paths:
+        mutants += load_mutant_file(one, seen)
+    return mutants
+
+
+def load_mutant_file(path, seen):
+    """The mutants of one TOML file; `seen` collects the ids so far."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     unknown = set(data) - {"mutant"}
     if unknown:
         raise ValueError(f"{path.name}: unknown top-level keys {unknown}")
-    mutants, seen = [], set()
+    mutants = []
     for i, entry in enumerate(data.get("mutant", [])):
         missing = {"id", "file", "find", "replace", "description"} - set(entry)
         extra = set(entry) - FIELDS
