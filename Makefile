@@ -11,9 +11,11 @@ NB ?= $(NOTEBOOKS)
 
 # nbval's flags are in pyproject.toml ([tool.pytest.ini_options]).
 # Test processes: pytest-xdist workers, one per core up to 4; each notebook
-# runs whole in one worker (--dist loadscope). JOBS=1 runs everything in order.
+# and each test file runs whole in one worker (--dist loadscope), the
+# longest first (tests/conftest.py orders them by tests/durations.json,
+# which `make bench-suite` refreshes). JOBS=1 runs everything in one process.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
-XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope)
+XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-reorder)
 # Each worker's kernels get their share of the cores: N workers that each
 # start one math thread per core would oversubscribe the machine, and
 # OpenMP threads waiting for a core slow small operations tenfold. (Speed

@@ -19,6 +19,40 @@ from chapter_loader import BOOK, ROOT, load_chapter
 __all__ = ["BOOK", "ROOT", "load_chapter", "require_system_tool"]
 
 
+# Seconds each test scope (a notebook, a test file) took in the last
+# `make bench-suite` on a 2-core machine; written by tools/bench_suite.py.
+DURATIONS = Path(__file__).with_name("durations.json")
+# A scope not measured yet: a new chapter is likely among the longest, so it
+# starts early; a new test file is likely short.
+NEW_NOTEBOOK, NEW_TEST_FILE = 60.0, 5.0
+
+
+def scope_key(nodeid):
+    """A notebook by its name (run from book/ or from its unpacked zip), a
+    test file by its path."""
+    path = nodeid.split("::", 1)[0]
+    return Path(path).name if path.endswith(".ipynb") else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Longest scopes first. pytest-xdist (`--dist loadscope
+    --no-loadscope-reorder`, see the Makefile) hands each worker a whole
+    notebook or test file in this order, so the long ones start first and
+    the short ones fill the gaps at the end. The sort is stable: the cells of
+    a notebook and the tests of a file keep their order."""
+    known = {}
+    if DURATIONS.is_file():
+        known = json.loads(DURATIONS.read_text(encoding="utf-8"))
+
+    def cost(item):
+        key = scope_key(item.nodeid)
+        default = NEW_NOTEBOOK if key.endswith(".ipynb") else NEW_TEST_FILE
+        return known.get(key, default)
+
+    items.sort(key=cost, reverse=True)
+
+
 def require_system_tool(found, what, install):
     """Skip a test that needs a system program, or fail under CI.
 
