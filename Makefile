@@ -37,6 +37,7 @@ help:
 	@echo "                    downloaded, tests/ with the browser test (Chromium) and R's output; a"
 	@echo "                    missing Chromium or R skips those tests (and fails them under CI=true)"
 	@echo "make test-portable  nbval again under generic CPU code paths and with two threads"
+	@echo "                    (PORTABLE=generic or PORTABLE=two-threads: one variant)"
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings and chapter 7's training times"
@@ -89,8 +90,11 @@ test: lint
 
 # The stored outputs again, under other CPU code paths (tools/test_portable.py):
 # no printed digit may depend on the processor or the thread count.
+# PORTABLE=generic runs one variant (what .ci/run runs on every push; the
+# weekly CI job runs two-threads).
+PORTABLE ?= generic two-threads
 test-portable: $(STAMP)
-	$(BIN)/python tools/test_portable.py --jobs $(JOBS)
+	$(BIN)/python tools/test_portable.py --jobs $(JOBS) $(addprefix --only ,$(PORTABLE))
 
 test-notebooks: $(STAMP)
 	$(SHARE) $(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS)
