@@ -49,8 +49,13 @@ def limit_for(name):
 
 
 def main(paths):
-    paths = paths or sorted(str(p) for p in (ROOT / "book").glob("[0-9]*.ipynb"))
-    print(f"{'chapter':32} {'words':>6} {'limit':>6} {'before code':>12} {'longest cell':>13}")
+    paths = paths or sorted(
+        str(p) for p in (ROOT / "book").glob("[0-9]*.ipynb")
+    )
+    print(
+        f"{'chapter':32} {'words':>6} {'limit':>6} {'before code':>12}"
+        f" {'longest cell':>13}"
+    )
     ok, first_five = True, 0
     for path in paths:
         name = Path(path).name
@@ -67,7 +72,10 @@ def main(paths):
             flags.append(f"cell {at}")
         ok &= not flags
         mark = "  over: " + ", ".join(flags) if flags else ""
-        print(f"{name:32} {total:6d} {limit:6d} {before:12d} {longest:8d} (#{at}){mark}")
+        print(
+            f"{name:32} {total:6d} {limit:6d} {before:12d} {longest:8d}"
+            f" (#{at}){mark}"
+        )
     print(f"chapters 1-5 together: {first_five} words (limit 15000)")
     ok &= first_five <= 15000
     return 0 if ok else 1
