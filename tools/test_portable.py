@@ -15,14 +15,19 @@ notebook kernels inherit the same environment). After each run, the time of
 each notebook (wall clock, from pytest's JUnit report) and the CPU time of the
 whole variant are printed.
 
-Workers: `--jobs N` pytest-xdist workers for the one-thread variant; the
-two-thread variant gets N // 2 (at least 1), so that workers times threads
-never exceeds the cores. With 2 workers of 2 threads each on 2 cores, every
-parallel region of a kernel waits until both of its threads hold a core
-while the other worker's threads compete for them: measured on one notebook
-(chapter 9) on 2 shared cores, two threads took about the same CPU time as
-one thread (25.7 s against 24.4 s) but twice the wall time; the variant as
-a whole took 3.5 times as long as the generic one (277 s against 78 s).
+Why the two-thread variant was slow (3.5 times the generic one's time,
+277 s against 78 s, in issue 26): OpenMP threads that wait for work spin on
+a core by default, and with 2 workers of 2 threads on 2 cores they spun on
+the cores the working threads needed. Measured on a shared 2-core Xeon
+(`make bench-suite`): with 2 workers the variant used 406 s of CPU against
+the generic variant's 185 s; with 1 worker, 176 s. Chapter 8 alone (one
+worker, two threads): 63.6 s wall and 40 s CPU with spinning threads, 22.6 s
+and 14 s with OMP_WAIT_POLICY=PASSIVE (idle threads sleep), against 16.1 s
+and 12 s with one thread; its cell that checks the tiled attention on many
+small tensors took 44.7 s, 13.2 s and 9.1 s. So the variant sets
+OMP_WAIT_POLICY=PASSIVE (where each thread waits, not what it computes),
+and `--jobs N` gives it N // 2 workers (at least 1): workers times threads
+never exceeds the cores.
 
 Usage: python tools/test_portable.py [--jobs N] [--only VARIANT] [NOTEBOOK ...]
 """
@@ -128,7 +133,13 @@ def variants(default):
     # name: (environment changes, check of the probe, threads per worker)
     return {
         "generic": (generic, generic_ok, 1),
-        "two-threads": (dict.fromkeys(THREADS, "2"), two_threads_ok, 2),
+        # PASSIVE: an idle OpenMP thread sleeps instead of spinning (see the
+        # docstring); the work each thread gets is the same
+        "two-threads": (
+            {**dict.fromkeys(THREADS, "2"), "OMP_WAIT_POLICY": "PASSIVE"},
+            two_threads_ok,
+            2,
+        ),
     }
 
 
@@ -152,6 +163,7 @@ def main(argv=None):
             "OPENBLAS_CORETYPE",
             "MKL_CBWR",
             "NPY_DISABLE_CPU_FEATURES",
+            "OMP_WAIT_POLICY",
         )
     }
     default = probe(clean)
