@@ -11,9 +11,11 @@ NB ?= $(NOTEBOOKS)
 
 # nbval's flags are in pyproject.toml ([tool.pytest.ini_options]).
 # Test processes: pytest-xdist workers, one per core up to 4; each notebook
-# runs whole in one worker (--dist loadscope). JOBS=1 runs everything in order.
+# and each test file runs whole in one worker (--dist loadscope), the
+# longest first (tests/conftest.py orders them by tests/durations.json,
+# which `make bench-suite` refreshes). JOBS=1 runs everything in one process.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
-XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope)
+XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-reorder)
 # Each worker's kernels get their share of the cores: N workers that each
 # start one math thread per core would oversubscribe the machine, and
 # OpenMP threads waiting for a core slow small operations tenfold. (Speed
@@ -22,18 +24,25 @@ SHARE := OMP_NUM_THREADS=$(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(JOBS
 SHARE += MKL_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
 SHARE += OPENBLAS_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
 
+# make book EXECUTE=1: execute the notebooks for the site (see `book`)
+EXECUTE ?=
+
 .PHONY: help venv book html test test-portable test-notebooks test-code lint \
-        outputs bench screenshots linkcheck clean distclean
+        outputs bench bench-suite screenshots linkcheck clean distclean
 
 help:
-	@echo "make book           create .venv, install, execute every notebook (cached), build _build/html"
+	@echo "make book           create .venv, install, build _build/html from the stored outputs"
+	@echo "                    (make test proves them); make book EXECUTE=1 executes every notebook"
 	@echo "make test           lint, the site (warnings as errors), nbval (strict) on every chapter as"
 	@echo "                    downloaded, tests/ with the browser test (Chromium) and R's output; a"
 	@echo "                    missing Chromium or R skips those tests (and fails them under CI=true)"
 	@echo "make test-portable  nbval again under generic CPU code paths and with two threads"
+	@echo "                    (PORTABLE=generic or PORTABLE=two-threads: one variant)"
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings and chapter 7's training times"
+	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
+	@echo "                    tests per file, portable variants); not a test"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make pdf            the whole book as one PDF in _build/pdf/ (needs Debian's chromium)"
 	@echo "make linkcheck      check the external links of the pages (needs a network)"
@@ -55,14 +64,14 @@ $(STAMP): requirements.txt
 
 venv: $(STAMP)
 
-# Build the site. Notebooks are executed by Jupyter Book (execute_notebooks:
-# cache in _config.yml), so the pages show outputs computed on this machine.
-html: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
-	@echo
-	@echo "The book is at: $(CURDIR)/_build/html/index.html"
+# Build the site from the notebooks' stored outputs (seconds; `make test`
+# proves them reproducible), Sphinx warnings as errors. EXECUTE=1 executes
+# every notebook first (Jupyter Book's cache: unchanged ones are reused from
+# _build/.jupyter_cache), so the pages show outputs computed on this machine.
+book: $(STAMP)
+	$(BIN)/python tools/build_site.py $(if $(filter-out 0,$(EXECUTE)),--execute)
 
-book: html
+html: book
 
 # The whole suite:
 # - lint (ruff, codespell, the CI files' schemas);
@@ -82,8 +91,11 @@ test: lint
 
 # The stored outputs again, under other CPU code paths (tools/test_portable.py):
 # no printed digit may depend on the processor or the thread count.
+# PORTABLE=generic runs one variant (what .ci/run runs on every push; the
+# weekly CI job runs two-threads).
+PORTABLE ?= generic two-threads
 test-portable: $(STAMP)
-	$(BIN)/python tools/test_portable.py --jobs $(JOBS)
+	$(BIN)/python tools/test_portable.py --jobs $(JOBS) $(addprefix --only ,$(PORTABLE))
 
 test-notebooks: $(STAMP)
 	$(SHARE) $(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS)
@@ -121,6 +133,11 @@ bench: $(STAMP)
 .PHONY: train-gpt
 train-gpt: $(STAMP)
 	$(BIN)/python tools/train_gpt.py
+
+# The suite's own benchmark: the time of each stage (tools/bench_suite.py;
+# BENCH_ARGS=--install also times a fresh install into a new venv).
+bench-suite: $(STAMP)
+	$(BIN)/python tools/bench_suite.py --jobs $(JOBS) $(BENCH_ARGS)
 
 # External links of the pages built from the stored outputs (needs a network).
 linkcheck: $(STAMP)

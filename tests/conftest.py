@@ -6,6 +6,7 @@ of chapter code and source numbers."""
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,40 @@ from chapter_loader import BOOK, ROOT, load_chapter
 __all__ = ["BOOK", "ROOT", "load_chapter", "require_system_tool"]
 
 
+# Seconds each test scope (a notebook, a test file) took in the last
+# `make bench-suite` on a 2-core machine; written by tools/bench_suite.py.
+DURATIONS = Path(__file__).with_name("durations.json")
+# A scope not measured yet: a new chapter is likely among the longest, so it
+# starts early; a new test file is likely short.
+NEW_NOTEBOOK, NEW_TEST_FILE = 60.0, 5.0
+
+
+def scope_key(nodeid):
+    """A notebook by its name (run from book/ or from its unpacked zip), a
+    test file by its path."""
+    path = nodeid.split("::", 1)[0]
+    return Path(path).name if path.endswith(".ipynb") else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Longest scopes first. pytest-xdist (`--dist loadscope
+    --no-loadscope-reorder`, see the Makefile) hands each worker a whole
+    notebook or test file in this order, so the long ones start first and
+    the short ones fill the gaps at the end. The sort is stable: the cells of
+    a notebook and the tests of a file keep their order."""
+    known = {}
+    if DURATIONS.is_file():
+        known = json.loads(DURATIONS.read_text(encoding="utf-8"))
+
+    def cost(item):
+        key = scope_key(item.nodeid)
+        default = NEW_NOTEBOOK if key.endswith(".ipynb") else NEW_TEST_FILE
+        return known.get(key, default)
+
+    items.sort(key=cost, reverse=True)
+
+
 def require_system_tool(found, what, install):
     """Skip a test that needs a system program, or fail under CI.
 
@@ -25,7 +60,7 @@ def require_system_tool(found, what, install):
     that says what to install. Under CI (`CI=true`) it is a failure, so CI
     can never pass by skipping what it is meant to check.
     """
-    if found:
+    if found and not pretend_missing(install):
         return
     message = f"{what} is not installed: install it with `{install}`"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
@@ -33,13 +68,32 @@ def require_system_tool(found, what, install):
     pytest.skip(message)
 
 
+def pretend_missing(install):
+    """True when BOOK_TEST_WITHOUT names a package of `install`: to see what
+    a machine without Chromium or R runs, e.g.
+    `BOOK_TEST_WITHOUT="chromium r-base-core" make test`."""
+    hidden = os.environ.get("BOOK_TEST_WITHOUT", "").split()
+    return any(name in install.split() for name in hidden)
+
+
 @pytest.fixture(scope="session")
 def ch01():
     return load_chapter("01_general_attention.ipynb")
 
 
+def run_id(config):
+    """The id of this pytest run, shared by all its pytest-xdist workers (a
+    run without xdist, e.g. `-p no:xdist`, gets its own)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return workerinput["testrunuid"]
+    if not hasattr(config, "_book_run_id"):
+        config._book_run_id = uuid.uuid4().hex
+    return config._book_run_id
+
+
 @pytest.fixture(scope="session")
-def built_site(testrun_uid):
+def built_site(pytestconfig):
     """The site in _build/html, built from the stored outputs with warnings
     as errors (tools/build_site.py); returns (returncode, log).
 
@@ -54,9 +108,9 @@ def built_site(testrun_uid):
             json.loads(RECORD.read_text("utf-8")) if RECORD.is_file() else {}
         )
         fresh = os.environ.get("BOOK_SITE_BUILT") == "1" and data
-        if not fresh and data.get("run") != testrun_uid:
+        if not fresh and data.get("run") != run_id(pytestconfig):
             build()
             data = json.loads(RECORD.read_text("utf-8"))
-            data["run"] = testrun_uid
+            data["run"] = run_id(pytestconfig)
             RECORD.write_text(json.dumps(data), encoding="utf-8")
     return data["returncode"], data["log"]

@@ -78,9 +78,21 @@ def test_page_renders_offline(chromium, doc, dark):
         page.context.close()
 
 
+# Which of the elements a locator matches are visible, by Playwright's rule
+# for is_visible() (not hidden by the browser's own check, computed
+# visibility "visible", a non-empty box): one call for all of them.
+VISIBLE = """els => els.map(e => {
+    const box = e.getBoundingClientRect();
+    return e.checkVisibility()
+        && getComputedStyle(e).visibility === 'visible'
+        && box.width > 0 && box.height > 0;
+})"""
+
+
 def check_tabs_and_collapsed_solutions(page):
     """sphinx-design tabs: clicking each label shows its own panel only;
-    collapsed solution cells (tag hide-cell): hidden until clicked."""
+    collapsed solution cells (tag hide-cell): hidden until clicked, and a
+    click opens that one only."""
     for t in range(page.locator(".sd-tab-set").count()):
         tab_set = page.locator(".sd-tab-set").nth(t)
         labels = tab_set.locator(":scope > label")
@@ -88,15 +100,17 @@ def check_tabs_and_collapsed_solutions(page):
         assert labels.count() == panels.count() >= 2
         for i in range(labels.count()):
             labels.nth(i).click()
-            assert panels.nth(i).is_visible()
-            others = [j for j in range(panels.count()) if j != i]
-            assert not any(panels.nth(j).is_visible() for j in others)
-    for k in range(page.locator("details.hide.above-input").count()):
-        details = page.locator("details.hide.above-input").nth(k)
-        body = details.locator(".cell_input")
-        assert not body.is_visible()
-        details.locator("summary").click()
-        assert body.is_visible()
+            visible = panels.evaluate_all(VISIBLE)
+            assert visible == [j == i for j in range(len(visible))]
+    details = page.locator("details.hide.above-input")
+    bodies = details.locator(".cell_input")
+    assert bodies.count() == details.count()
+    for k in range(details.count()):
+        # before the click on solution k: solutions 0 .. k-1 open, k closed
+        assert bodies.evaluate_all(VISIBLE)[: k + 1] == [True] * k + [False]
+        details.nth(k).locator("summary").click()
+        visible = bodies.evaluate_all(VISIBLE)
+        assert visible == [j <= k for j in range(len(visible))]
 
 
 def check_download_links(page, doc):

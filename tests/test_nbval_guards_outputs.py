@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from xml.etree import ElementTree
 
 from conftest import BOOK, ROOT
 
@@ -16,8 +17,9 @@ NOTEBOOK = "01_general_attention.ipynb"
 NUMBER = re.compile(r"\d\.\d{4,}")  # a printed number with 4+ decimals
 
 
-def run_nbval(path):
-    """nbval on one notebook, with the flags of pyproject.toml (make test's)."""
+def run_nbval(path, junit):
+    """nbval on one notebook, with the flags of pyproject.toml (make test's);
+    each cell's outcome is written to the JUnit XML file `junit`."""
     return subprocess.run(
         [
             sys.executable,
@@ -27,7 +29,10 @@ def run_nbval(path):
             str(ROOT / "pyproject.toml"),
             "--rootdir",
             str(ROOT),
+            "-p",
+            "no:xdist",
             "-q",
+            f"--junitxml={junit}",
             str(path),
         ],
         cwd=ROOT,
@@ -43,22 +48,33 @@ def copy_helpers(folder):
         shutil.copy(BOOK / rel, folder / rel)
 
 
+def cell_outcomes(junit):
+    """{"Cell N": list of failure messages (empty: passed)} from JUnit XML."""
+    outcomes = {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        outcomes[case.get("name")] = [
+            (child.get("message") or "") + (child.text or "")
+            for child in case
+            if child.tag in ("failure", "error", "skipped")
+        ]
+    return outcomes
+
+
 def test_changed_stored_number_fails_nbval(tmp_path):
+    """One stored digit changed: nbval fails that cell, and only that cell.
+
+    Every other cell of the same run passes, so the failure is caused by the
+    change and nothing else (the untouched chapter passes too: `make test`
+    runs nbval on it from its zip)."""
     # the files the chapter needs beside it (those its download zip holds)
     copy_helpers(tmp_path)
     nb = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))
 
-    # the untouched copy passes, so a failure below is caused by the change
-    untouched = tmp_path / "untouched" / NOTEBOOK
-    untouched.parent.mkdir()
-    copy_helpers(untouched.parent)
-    untouched.write_text(json.dumps(nb), encoding="utf-8")
-    result = run_nbval(untouched)
-    assert result.returncode == 0, result.stdout[-2000:]
-
     # change the last digit of the first printed number with 4+ decimals
-    changed = None
-    for cell in nb["cells"]:
+    changed = changed_cell = None
+    # nbval names the items "Cell 0", "Cell 1", ... by code cell
+    code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
+    for index, cell in enumerate(code):
         for out in cell.get("outputs", []):
             text = "".join(out.get("text", []))
             match = (
@@ -69,6 +85,7 @@ def test_changed_stored_number_fails_nbval(tmp_path):
             if match:
                 number = match.group()
                 changed = number[:-1] + str((int(number[-1]) + 1) % 10)
+                changed_cell = f"Cell {index}"
                 out["text"] = (
                     text[: match.start()] + changed + text[match.end() :]
                 )
@@ -79,8 +96,13 @@ def test_changed_stored_number_fails_nbval(tmp_path):
     copy = tmp_path / NOTEBOOK
     copy.write_text(json.dumps(nb), encoding="utf-8")
 
-    result = run_nbval(copy)
+    junit = tmp_path / "nbval.xml"
+    result = run_nbval(copy, junit)
     assert result.returncode != 0, result.stdout[-2000:]
+    outcomes = cell_outcomes(junit)
+    assert len(outcomes) == len(code), result.stdout[-2000:]
+    failed = {name: msgs for name, msgs in outcomes.items() if msgs}
+    assert list(failed) == [changed_cell], result.stdout[-4000:]
     assert changed in result.stdout  # nbval shows the stored line
 
 

@@ -1,13 +1,17 @@
 """Build the book's site from the notebooks' stored outputs, with Sphinx
-warnings as errors (`make test` runs it before the tests).
+warnings as errors (`make book`, and `make test` before the tests).
 
-Execution is off: nbval, in the same `make test`, re-executes every
-notebook and proves that a fresh run prints exactly the stored outputs, so
-executing them here as well would only double the time. (`make book` builds
-the same pages by executing the notebooks.) The result is recorded in
-`_build/site-build.json` for the tests that inspect the site.
+Execution is off: `make test` runs nbval, which re-executes every notebook
+and proves that a fresh run prints exactly the stored outputs, so executing
+them for the site as well would only double the time. `--execute` (what
+`make book EXECUTE=1` runs) executes the notebooks instead, through Jupyter
+Book's cache (`_build/.jupyter_cache`: a notebook unchanged since its last
+execution is not run again), and shows the outputs computed on this machine.
+The result is recorded in `_build/site-build.json` for the tests that
+inspect the site.
 
 Usage: python tools/build_site.py              (exit status: the build's)
+       python tools/build_site.py --execute    (execute the notebooks too)
        python tools/build_site.py --linkcheck  (check the external links)
 """
 
@@ -16,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -24,18 +29,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "_build" / "site-build.json"
 
 
-def build(builder="html"):
+def build(builder="html", execute=False):
     """Run a fresh build; return (returncode, log) and record them.
 
     The pages and Sphinx's saved environment are removed first (a clean
     build takes seconds): an incremental build would keep pages rendered by
     an older version of the site's extension. The execution cache of
-    `make book` is kept.
+    `make book EXECUTE=1` is kept.
     """
     for folder in ("html", ".doctrees"):
         shutil.rmtree(ROOT / "_build" / folder, ignore_errors=True)
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    config["execute"]["execute_notebooks"] = "off"
+    config["execute"]["execute_notebooks"] = "cache" if execute else "off"
     # the configuration file moves: make its relative paths absolute
     extensions = config["sphinx"]["local_extensions"]
     for name, folder in extensions.items():
@@ -64,18 +69,23 @@ def build(builder="html"):
 
 
 def main(argv):
-    if argv not in ([], ["--linkcheck"]):
+    if argv not in ([], ["--linkcheck"], ["--execute"]):
         sys.exit(__doc__)
-    if argv:
+    if argv == ["--linkcheck"]:
         returncode, log = build("linkcheck")
         print(log[-6000:])
         return returncode
-    returncode, log = build()
+    execute = argv == ["--execute"]
+    start = time.perf_counter()
+    returncode, log = build(execute=execute)
+    took = time.perf_counter() - start
     if returncode != 0:
         print(log[-6000:])
         print("build_site: the site did not build (see the log above)")
-    else:
-        print("build_site: built _build/html from the stored outputs (-W)")
+        return returncode
+    how = "executing every notebook" if execute else "from the stored outputs"
+    print(f"build_site: built _build/html {how} (-W) in {took:.0f} s")
+    print(f"The book is at: {ROOT / '_build' / 'html' / 'index.html'}")
     return returncode
 
 

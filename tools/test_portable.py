@@ -11,18 +11,38 @@ Variants:
 
 Before each run, a probe started with the same environment prints what the
 libraries report, and the run stops if a variable did not take effect (the
-notebook kernels inherit the same environment).
+notebook kernels inherit the same environment). After each run, the time of
+each notebook (wall clock, from pytest's JUnit report) and the CPU time of the
+whole variant are printed.
+
+Why the two-thread variant was slow (3.5 times the generic one's time,
+277 s against 78 s, in issue 26): OpenMP threads that wait for work spin on
+a core by default, and with 2 workers of 2 threads on 2 cores they spun on
+the cores the working threads needed. Measured on a shared 2-core Xeon
+(`make bench-suite`): with 2 workers the variant used 406 s of CPU against
+the generic variant's 185 s; with 1 worker, 176 s. Chapter 8 alone (one
+worker, two threads): 63.6 s wall and 40 s CPU with spinning threads, 22.6 s
+and 14 s with OMP_WAIT_POLICY=PASSIVE (idle threads sleep), against 16.1 s
+and 12 s with one thread; its cell that checks the tiled attention on many
+small tensors took 44.7 s, 13.2 s and 9.1 s. So the variant sets
+OMP_WAIT_POLICY=PASSIVE (where each thread waits, not what it computes),
+and `--jobs N` gives it N // 2 workers (at least 1): workers times threads
+never exceeds the cores.
 
 Usage: python tools/test_portable.py [--jobs N] [--only VARIANT] [NOTEBOOK ...]
 """
 
 import argparse
+import collections
 import json
 import os
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,6 +78,27 @@ def probe(env):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def by_duration(notebooks):
+    """The longest notebooks first (tests/durations.json, as `make test`)."""
+    path = ROOT / "tests" / "durations.json"
+    known = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+    return sorted(notebooks, key=lambda nb: -known.get(Path(nb).name, 60.0))
+
+
+def notebook_times(junit):
+    """{notebook file name: seconds} summed over its cells."""
+    times = collections.Counter()
+    for case in ElementTree.parse(junit).iter("testcase"):
+        name = case.get("classname", "").split(".")[-2:]
+        times[".".join(name)] += float(case.get("time", 0))
+    return times
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def variants(default):
     """The environment changes of each variant, and what the probe must see."""
     generic = {
@@ -89,9 +130,16 @@ def variants(default):
             and all(n == 2 for _, n in p["openblas"])
         )
 
+    # name: (environment changes, check of the probe, threads per worker)
     return {
-        "generic": (generic, generic_ok),
-        "two-threads": (dict.fromkeys(THREADS, "2"), two_threads_ok),
+        "generic": (generic, generic_ok, 1),
+        # PASSIVE: an idle OpenMP thread sleeps instead of spinning (see the
+        # docstring); the work each thread gets is the same
+        "two-threads": (
+            {**dict.fromkeys(THREADS, "2"), "OMP_WAIT_POLICY": "PASSIVE"},
+            two_threads_ok,
+            2,
+        ),
     }
 
 
@@ -101,8 +149,9 @@ def main(argv=None):
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("notebooks", nargs="*")
     args = parser.parse_args(argv)
-    notebooks = args.notebooks or sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "book").glob("*.ipynb")
+    notebooks = by_duration(
+        args.notebooks
+        or [str(p.relative_to(ROOT)) for p in (ROOT / "book").glob("*.ipynb")]
     )
     clean = {
         k: v
@@ -114,12 +163,16 @@ def main(argv=None):
             "OPENBLAS_CORETYPE",
             "MKL_CBWR",
             "NPY_DISABLE_CPU_FEATURES",
+            "OMP_WAIT_POLICY",
         )
     }
     default = probe(clean)
     print(f"this machine's default code paths: {json.dumps(default)}")
+    unknown = set(args.only) - set(variants(default))
+    if unknown:
+        parser.error(f"no variant {', '.join(sorted(unknown))}")
     failed, times = [], {}
-    for name, (changes, took_effect) in variants(default).items():
+    for name, (changes, took_effect, threads) in variants(default).items():
         if args.only and name not in args.only:
             continue
         env = {**clean, **changes}
@@ -132,20 +185,25 @@ def main(argv=None):
             print(f"    the variables of variant {name} did not take effect")
             failed.append(name)
             continue
+        junit = Path(tempfile.mkdtemp()) / "nbval.xml"
         command = [sys.executable, "-m", "pytest", "-q", *notebooks]
-        # As many workers as asked, whatever the variant's thread count:
-        # measured on 2 cores, the two-threads variant took 264 s with 2
-        # workers and 487 s with 1 (most of its operations are too small to
-        # gain from a second thread, while a second notebook gains a core).
-        jobs = args.jobs
+        command += [f"--junitxml={junit}"]
+        # workers x threads <= cores (see the docstring)
+        jobs = max(1, args.jobs // threads)
         if jobs > 1:
             command += ["-n", str(jobs), "--dist", "loadscope"]
-        start = time.perf_counter()
+            command += ["--no-loadscope-reorder"]  # the longest first
+        start, cpu = time.perf_counter(), children_cpu()
         result = subprocess.run(command, env=env, cwd=ROOT)
         times[name] = time.perf_counter() - start
+        cpu = children_cpu() - cpu
+        if junit.is_file():
+            for nb, seconds in sorted(notebook_times(junit).items()):
+                print(f"    {seconds:6.1f} s  {nb}")
         print(
             f"    variant {name}: nbval took {times[name]:.0f} s"
-            f" ({jobs} worker{'s' if jobs > 1 else ''})",
+            f" ({jobs} worker{'s' if jobs > 1 else ''} of {threads}"
+            f" thread{'s' if threads > 1 else ''}; CPU {cpu:.0f} s)",
             flush=True,
         )
         if result.returncode != 0:
