@@ -26,6 +26,7 @@ from conftest import BOOK, ROOT, require_system_tool
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(BOOK))
 import site_browser
+
 from explorer import PRECISION, attention_explorer
 
 FIXTURES = ROOT / "tests" / "explorer"
