@@ -53,6 +53,12 @@ def test_scores_by_hand(ch08):
     torch.testing.assert_close(
         ch08.score_additive(s, H, W1, W2, v), expected, rtol=0, atol=1e-6
     )
+    # given key projections are used as they are: tanh(s W1 + H_W2) v
+    H_W2 = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    torch.testing.assert_close(
+        ch08.score_additive(s, H, W1, W2, v, H_W2=H_W2),
+        torch.tanh(torch.tensor([1.0, 2.0, 0.0]) + H_W2) @ v,
+    )
     # precomputed key projections give the same scores
     torch.testing.assert_close(
         ch08.score_additive(s, H, W1, W2, v, H_W2=H @ W2),
@@ -398,6 +404,9 @@ def test_exact_match(ch08):
     tgt = torch.tensor([[5, 6, E, P], [7, 8, 9, E]])
     pred = torch.tensor([[5, 6, E, 9], [7, 8, 4, E]])
     assert ch08.exact_match(pred, tgt).tolist() == [True, False]
+    # the end token must be right too; what comes after it is ignored
+    tgt_end, pred_end = torch.tensor([[5, E, P]]), torch.tensor([[5, 6, E]])
+    assert ch08.exact_match(pred_end, tgt_end).tolist() == [False]
     with pytest.raises(ValueError, match="differ"):
         ch08.exact_match(pred[:, :3], tgt)
 
