@@ -625,3 +625,27 @@ def test_cosine_is_the_normalised_dot_product(ch06):
     g, h = np.array([[3.0, 0.0]]), np.array([[1.0, 1.0]])
     assert ch06.cosine(g, h) == pytest.approx(3 / (3 * np.sqrt(2)))
     assert ch06.cosine(g, -g) == pytest.approx(-1.0)
+
+
+def test_summary_counts_rises_per_block(ch06):
+    # a loss that rises at epochs 3 and 6 (1-based), blocks of 4 epochs
+    log = {
+        "loss": np.array([5.0, 4.0, 4.5, 3.0, 2.0, 2.5, 1.0, 0.5]),
+        "changed": np.array([0, 1, 2, 0, 0, 3, 0, 1]),
+        "sharpness": np.linspace(0.1, 0.8, 8),
+        "step": np.array([1.0, 2.0, 9.0, 1.0, 1.0, 1.0, 7.0, 1.0]),
+    }
+    table = ch06.summary(log, block=4)
+    assert list(table.index) == ["1-4", "5-8"]
+    assert table["loss rises"].tolist() == [1, 1]
+    assert table["winners changed"].tolist() == [3, 4]
+    assert_allclose(table["sharpness"], [0.4, 0.8], rtol=1e-12)
+    assert table["largest step"].tolist() == [9.0, 7.0]
+
+
+def test_print_losses_prints_epoch_one_and_every_hundredth(ch06, capsys):
+    losses = np.arange(1, 301) / 1000
+    ch06.print_losses(losses, 2 * losses, every=100)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [int(line.split()[0]) for line in lines] == [1, 100, 200, 300]
+    assert lines[-1].split()[1:] == ["0.3000", "0.6000"]

@@ -651,3 +651,10 @@ def test_vocab_labels(ch08):
     labels = [V.label(t) for t in range(V.SIZE)]
     assert labels == ["·", "<s>", "</s>", *map(str, range(10))]
     assert V.SIZE == V.FIRST_DIGIT + 10
+
+
+def test_loss_table_picks_step_one_and_every_nth(ch08):
+    losses = [1.0 / k for k in range(1, 11)]
+    lines = ch08.loss_table(losses, 5).splitlines()
+    assert [int(line.split()[1]) for line in lines] == [1, 5, 10]
+    assert lines[1].split()[-1] == "0.2000"
