@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import BOOK, load_chapter
 from numpy.testing import assert_allclose, assert_array_equal
 
@@ -420,3 +421,231 @@ def test_julia_listings_highlight_the_four_defects():
                 assert len(hits) == 1, lines[number - 1]
                 found |= set(hits)
     assert found == {1, 2, 3, 4}
+
+
+# --- what the text states, against independent references (issue 31) --------
+
+
+def test_glove_rows_follow_the_file(ch06):
+    # the default keeps the post's max_vocab_size; row i is word i's vector
+    vocab, vectors = ch06.load_glove()
+    assert len(vocab) == 10_000 and vectors.shape == (10_000, 50)
+    assert vectors.dtype == np.float64
+    assert list(vocab)[:4] == ["the", ",", ".", "of"]
+    assert [vocab[w] for w in ("the", ",", ".")] == [0, 1, 2]
+    assert_allclose(
+        vectors[0, :5], ch06.GLOVE_FILE_FIRST_ROW, rtol=0, atol=1e-7
+    )
+    head, tail = (
+        np.array(part.split(), float) for part in ch06.SOURCE_RED.split("⋮")
+    )
+    red = vectors[vocab["red"]]
+    assert_allclose(red[:13], head, rtol=0, atol=1e-7)
+    assert_allclose(red[-12:], tail, rtol=0, atol=1e-7)
+    small, small_vectors = ch06.load_glove(3)
+    assert small == {"the": 0, ",": 1, ".": 2} and small_vectors.shape[0] == 3
+    with pytest.raises(ValueError, match="n_words"):
+        ch06.load_glove(400_001)
+
+
+def test_embed_puts_each_words_vector_in_its_column(ch06):
+    vocab = {"good": 0, "bad": 1, "price": 2}
+    vectors = np.arange(3 * 50, dtype=float).reshape(3, 50)
+    x = ch06.embed(["price", "good", "price"], vocab, vectors)
+    assert x.shape == (50, 3)
+    assert_array_equal(x[:, 0], vectors[2])
+    assert_array_equal(x[:, 1], vectors[0])
+    assert_array_equal(x[:, 2], vectors[2])
+    table = pd.DataFrame(
+        {"sentiments": ["positive"], "cleaned_review": ["bad good "]}
+    )
+    (pair,), _ = ch06.make_dataset(table, vocab, vectors)
+    assert_array_equal(pair[0], vectors[[1, 0]].T)
+    assert_array_equal(pair[1], [[0], [0], [1]])
+
+
+def test_one_hot_is_the_posts_sent_dict(ch06):
+    # sent_dict = Dict("positive"=>[0,0,1],"negative"=>[1,0,0],"neutral"=>[0,1,0])
+    sent_dict = {
+        "positive": [0, 0, 1],
+        "negative": [1, 0, 0],
+        "neutral": [0, 1, 0],
+    }
+    for label, column in sent_dict.items():
+        assert_array_equal(ch06.one_hot(label), np.array(column)[:, None])
+
+
+def test_init_params_draws_q_k_w_over_100_in_the_posts_order(ch06):
+    params = ch06.init_params(np.random.default_rng(5))
+    rng = np.random.default_rng(5)
+    Q, K, W = (
+        rng.standard_normal(shape) / 100
+        for shape in [(51, 51)] * 2 + [(3, 51)]
+    )
+    assert_allclose(params["Q"], Q, rtol=1e-15, atol=0)
+    assert_allclose(params["K"], K, rtol=1e-15, atol=0)
+    assert_allclose(params["W"], W, rtol=1e-15, atol=0)
+    assert [params[n].shape for n in GRAD_NAMES] == [
+        (51, 51),
+        (51, 1),
+        (51, 51),
+        (51, 1),
+        (51, 51),
+        (51, 1),
+        (3, 51),
+        (3, 1),
+    ]
+
+
+def reference_forward(x, params):
+    """Equations (ch6-qkv) to (ch6-head), one word and one class at a time."""
+    n = x.shape[1]
+    x = np.vstack([x, np.arange(n)])  # positions 0 .. n - 1
+    q, k, v = (params[m] @ x + params[m + "b"] for m in "QKV")
+    s = np.sqrt(51 * n)
+    alpha = np.zeros((n, n))
+    for i in range(n):
+        e = [float(q[:, i] @ k[:, j]) / s for j in range(n)]
+        w = [np.exp(ej - max(e)) for ej in e]
+        alpha[i] = np.array(w) / sum(w)
+    z = np.stack(
+        [sum(alpha[i, j] * v[:, j] for j in range(n)) for i in range(n)]
+    )
+    f = params["W"] @ z.T + params["b"]  # (3, n)
+    m = f.sum(axis=1) / n
+    p = np.exp(m - m.max()) / np.exp(m - m.max()).sum()
+    return alpha, p[:, None]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_forward_follows_the_equations(ch06, n):
+    x, y, params = realistic(ch06, 20 + n, n)
+    cache = ch06.forward(x, params)
+    alpha, p = reference_forward(x, params)
+    assert_array_equal(cache["x"][-1], np.arange(n))  # the position row
+    assert_array_equal(cache["x"][:-1], x)
+    assert_allclose(cache["alpha"], alpha, rtol=1e-12, atol=1e-15)
+    assert_allclose(cache["p"], p, rtol=1e-12, atol=1e-15)
+    assert cache["z"].shape == (51, n) and cache["q"].shape == (51, n)
+    assert ch06.cross_entropy(cache["p"], y) == pytest.approx(
+        -np.log(p[np.argmax(y), 0]), rel=1e-12
+    )
+
+
+def test_softmax_is_stable_and_normalises_along_its_axis(ch06):
+    s = np.array([[1000.0, 1001.0, 1002.0], [-5.0, 0.0, 5.0]])
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    assert_allclose(
+        ch06.softmax(s, axis=1), e / e.sum(axis=1, keepdims=True), rtol=1e-14
+    )
+    e0 = np.exp(s.T - s.T.max(axis=0))
+    assert_allclose(ch06.softmax(s.T), e0 / e0.sum(axis=0), rtol=1e-14)
+
+
+def test_cross_entropy_is_minus_sum_y_log_p(ch06):
+    p = np.array([[0.2], [0.3], [0.5]])
+    for i in range(3):
+        y = np.eye(3)[:, [i]]
+        assert ch06.cross_entropy(p, y) == pytest.approx(-np.log(p[i, 0]))
+
+
+def test_accuracy_counts_the_argmax_hits(ch06, small_data):
+    # against the PyTorch forward pass and a count by hand
+    params = ch06.init_params(np.random.default_rng(1))
+    params = {n: 30 * v for n, v in params.items()}  # predictions that vary
+    leaves = {n: torch.tensor(v) for n, v in params.items()}
+    predicted = [
+        int(ch06.forward_torch(torch.tensor(x), leaves)[0].argmax())
+        for x, _ in small_data
+    ]
+    labels = [int(np.flatnonzero(y.ravel())[0]) for _, y in small_data]
+    assert len(set(predicted)) > 1 and 0 < sum(
+        a == b for a, b in zip(predicted, labels)
+    ) < len(labels)
+    for part in (slice(None), slice(0, 3), slice(5, None)):
+        hits = [a == b for a, b in zip(predicted[part], labels[part])]
+        expected = sum(hits) / len(hits)
+        assert ch06.accuracy(small_data[part], params) == pytest.approx(
+            expected
+        )
+    with pytest.raises(ValueError, match="empty"):
+        ch06.accuracy([], params)
+
+
+def test_training_step_is_sgd_with_the_posts_defaults(ch06, small_data):
+    # one epoch by hand: sentence by sentence in order, lr 0.001, W and b
+    # frozen, each loss taken before its sentence's update
+    params = ch06.init_params(np.random.default_rng(3))
+    new, losses = ch06.train(
+        small_data, params, ch06.backprop_corrected, epochs=1
+    )
+    p, total = params, 0.0
+    for x, y in small_data:
+        ref = ch06.autograd_gradients(x, y, p)
+        leaves = {n: torch.tensor(v) for n, v in p.items()}
+        prob = ch06.forward_torch(torch.tensor(x), leaves)[0].numpy()
+        total += float(-np.log(prob[np.argmax(y), 0]))
+        p = {
+            n: v if n in ("W", "b") else v - 0.001 * ref[n]
+            for n, v in p.items()
+        }
+    assert losses[0] == pytest.approx(total / len(small_data), rel=1e-12)
+    for n in GRAD_NAMES:
+        assert_allclose(new[n], p[n], rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V", "Qb", "W", "b"])
+def test_corrected_gradient_of_each_formula(ch06, name):
+    # one non-symmetric case per formula of (ch6-head-backward) to
+    # (ch6-qk-backward), against autograd, with d_v != d_z alpha^T
+    x, y, params = realistic(ch06, 40, 4)
+    ours = ch06.backprop_corrected(ch06.forward(x, params), y, params)
+    ref = ch06.autograd_gradients(x, y, params)
+    assert rel(ours[name], ref[name]) <= 1e-10
+
+
+def test_attention_state_reads_the_rows(ch06, small_data):
+    params = ch06.init_params(np.random.default_rng(2))
+    params = {n: 30 * v for n, v in params.items()}
+    leaves = {n: torch.tensor(v) for n, v in params.items()}
+    alphas = [
+        ch06.forward_torch(torch.tensor(x), leaves)[1].numpy()
+        for x, _ in small_data
+    ]
+    winners, sharpness = ch06.attention_state(small_data, params)
+    # every attention row (one per word), sentence by sentence
+    expected = [int(np.argmax(row)) for alpha in alphas for row in alpha]
+    assert_array_equal(winners, expected)
+    tops = [row.max() for alpha in alphas for row in alpha]
+    assert sharpness == pytest.approx(np.mean(tops), rel=1e-12)
+    assert len(set(expected)) > 1
+
+
+def test_cosine_is_the_normalised_dot_product(ch06):
+    g, h = np.array([[3.0, 0.0]]), np.array([[1.0, 1.0]])
+    assert ch06.cosine(g, h) == pytest.approx(3 / (3 * np.sqrt(2)))
+    assert ch06.cosine(g, -g) == pytest.approx(-1.0)
+
+
+def test_summary_counts_rises_per_block(ch06):
+    # a loss that rises at epochs 3 and 6 (1-based), blocks of 4 epochs
+    log = {
+        "loss": np.array([5.0, 4.0, 4.5, 3.0, 2.0, 2.5, 1.0, 0.5]),
+        "changed": np.array([0, 1, 2, 0, 0, 3, 0, 1]),
+        "sharpness": np.linspace(0.1, 0.8, 8),
+        "step": np.array([1.0, 2.0, 9.0, 1.0, 1.0, 1.0, 7.0, 1.0]),
+    }
+    table = ch06.summary(log, block=4)
+    assert list(table.index) == ["1-4", "5-8"]
+    assert table["loss rises"].tolist() == [1, 1]
+    assert table["winners changed"].tolist() == [3, 4]
+    assert_allclose(table["sharpness"], [0.4, 0.8], rtol=1e-12)
+    assert table["largest step"].tolist() == [9.0, 7.0]
+
+
+def test_print_losses_prints_epoch_one_and_every_hundredth(ch06, capsys):
+    losses = np.arange(1, 301) / 1000
+    ch06.print_losses(losses, 2 * losses, every=100)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [int(line.split()[0]) for line in lines] == [1, 100, 200, 300]
+    assert lines[-1].split()[1:] == ["0.3000", "0.6000"]

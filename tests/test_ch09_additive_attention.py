@@ -53,6 +53,12 @@ def test_scores_by_hand(ch08):
     torch.testing.assert_close(
         ch08.score_additive(s, H, W1, W2, v), expected, rtol=0, atol=1e-6
     )
+    # given key projections are used as they are: tanh(s W1 + H_W2) v
+    H_W2 = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    torch.testing.assert_close(
+        ch08.score_additive(s, H, W1, W2, v, H_W2=H_W2),
+        torch.tanh(torch.tensor([1.0, 2.0, 0.0]) + H_W2) @ v,
+    )
     # precomputed key projections give the same scores
     torch.testing.assert_close(
         ch08.score_additive(s, H, W1, W2, v, H_W2=H @ W2),
@@ -398,6 +404,9 @@ def test_exact_match(ch08):
     tgt = torch.tensor([[5, 6, E, P], [7, 8, 9, E]])
     pred = torch.tensor([[5, 6, E, 9], [7, 8, 4, E]])
     assert ch08.exact_match(pred, tgt).tolist() == [True, False]
+    # the end token must be right too; what comes after it is ignored
+    tgt_end, pred_end = torch.tensor([[5, E, P]]), torch.tensor([[5, 6, E]])
+    assert ch08.exact_match(pred_end, tgt_end).tolist() == [False]
     with pytest.raises(ValueError, match="differ"):
         ch08.exact_match(pred[:, :3], tgt)
 
@@ -417,3 +426,235 @@ def test_mirror_weight_reads_the_anti_diagonal(ch08):
     )
     w[n] = 1.0  # the end token's row is not counted
     assert ch08.mirror_weight(w, n) == pytest.approx(0.5)
+
+
+# --- what the text states, against independent references (issue 31) --------
+
+
+def gru_cell(cell, x, h):
+    """PyTorch's GRUCell equations (torch.nn.GRUCell's documentation)."""
+    W_ir, W_iz, W_in = cell.weight_ih.chunk(3)
+    W_hr, W_hz, W_hn = cell.weight_hh.chunk(3)
+    b_ir, b_iz, b_in = cell.bias_ih.chunk(3)
+    b_hr, b_hz, b_hn = cell.bias_hh.chunk(3)
+    r = torch.sigmoid(x @ W_ir.T + b_ir + h @ W_hr.T + b_hr)
+    z = torch.sigmoid(x @ W_iz.T + b_iz + h @ W_hz.T + b_hz)
+    n = torch.tanh(x @ W_in.T + b_in + r * (h @ W_hn.T + b_hn))
+    return (1 - z) * n + z * h
+
+
+def additive_context(attn, s, H, mask):
+    """Equations (ch8-additive) to (ch8-weights-context), key by key."""
+    W1, W2, v = attn.W1.weight, attn.W2.weight, attn.v.weight[0]
+    contexts = []
+    for b in range(H.shape[0]):
+        keys = [j for j in range(H.shape[1]) if mask[b, j]]
+        e = torch.stack(
+            [v @ torch.tanh(W1 @ s[b] + W2 @ H[b, j]) for j in keys]
+        )
+        alpha = torch.exp(e - e.max()) / torch.exp(e - e.max()).sum()
+        contexts.append(sum(a * H[b, j] for a, j in zip(alpha, keys)))
+    return torch.stack(contexts)
+
+
+@pytest.mark.parametrize("attend", [True, False])
+def test_decoder_step_follows_the_equations(ch08, attend):
+    """s_t = GRU([y_{t-1}, c_t], s_{t-1}); the readout reads [s_t, c_t, y_{t-1}]
+    (equations ch8-decoder-state, ch8-output; c_t = h_n without attention)."""
+    model = small_model(ch08, attend=attend, seed=5).double()
+    src_b, len_b, tgt_in, _ = small_batch(ch08)
+    dec = model.decoder
+    with torch.no_grad():
+        memory = model.encode(src_b, len_b)
+        H, _, mask, h_last = memory
+        gen = torch.Generator().manual_seed(0)
+        s_prev = torch.randn(h_last.shape, generator=gen, dtype=torch.float64)
+        y_prev = tgt_in[:, 1]
+        logits, s, weights = dec(y_prev, s_prev, memory)
+        y = dec.embed.weight[y_prev]
+        c = (
+            additive_context(dec.attention, s_prev, H, mask)
+            if attend
+            else h_last
+        )
+        s_ref = gru_cell(dec.cell, torch.cat([y, c], dim=-1), s_prev)
+        W_o, b_o = dec.out.weight, dec.out.bias
+        logits_ref = torch.cat([s_ref, c, y], dim=-1) @ W_o.T + b_o
+    torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logits, logits_ref, rtol=1e-12, atol=1e-12)
+    assert (weights is not None) == attend
+
+
+def test_greedy_decoding_starts_from_bos_and_h_n(ch08):
+    model = small_model(ch08, attend=True, seed=4)
+    src_b, len_b, _, _ = small_batch(ch08)
+    pred, weights = model.greedy_decode(src_b, len_b, steps=2)
+    with torch.no_grad():
+        H, mask, h_last = model.encoder(src_b, len_b)
+        memory = (H, H @ model.decoder.attention.W2.weight.T, mask, h_last)
+        bos = torch.full((len(src_b),), ch08.Vocab.BOS)
+        logits, s, w = model.decoder(bos, h_last, memory)
+        logits_2, _, w_2 = model.decoder(logits.argmax(-1), s, memory)
+    assert torch.equal(pred[:, 0], logits.argmax(-1))
+    assert torch.equal(pred[:, 1], logits_2.argmax(-1))
+    torch.testing.assert_close(weights[:, 0], w)
+    torch.testing.assert_close(weights[:, 1], w_2)
+
+
+class RecordingOptimizer:
+    """Stands in for Adam: records the gradients that step() would use."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.seen = []
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.seen.append([p.grad.clone() for p in self.params])
+
+
+def grad_norm(grads):
+    return torch.sqrt(sum((g**2).sum() for g in grads)).item()
+
+
+class GradScaled(torch.nn.Module):
+    """The model with the same logits but gradients multiplied by `scale`."""
+
+    def __init__(self, model, scale):
+        super().__init__()
+        self.inner, self.scale = model, scale
+
+    def forward(self, src, lengths, tgt_in):
+        logits, weights = self.inner(src, lengths, tgt_in)
+        fixed = logits.detach()
+        return fixed + self.scale * (logits - fixed), weights
+
+
+def test_train_step_clips_the_gradient_norm_to_one(ch08):
+    """Adam takes its step after the gradient norm is clipped to 1."""
+    model = small_model(ch08, attend=True, seed=1)
+    params = list(model.parameters())
+    src, lengths, tgt = ch08.make_reversal_data(12, 3, 7, seed=9)
+    batches = [
+        small_batch(ch08),
+        ch08.teacher_forcing_batch(src, lengths, tgt),
+    ]
+    for batch in batches:
+        # the loss and its raw gradient, computed here
+        src_b, len_b, tgt_in, tgt_out = batch
+        logits = model(src_b, len_b, tgt_in)[0]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            tgt_out.reshape(-1),
+            ignore_index=ch08.Vocab.PAD,
+        )
+        raw = torch.autograd.grad(loss, params)
+        for scale in (4 / grad_norm(raw), 0.5 / grad_norm(raw)):  # norm 4, 0.5
+            for p in params:
+                p.grad = torch.ones_like(p)  # stale: must be cleared
+            opt = RecordingOptimizer(params)
+            returned = ch08.train_step(GradScaled(model, scale), opt, batch)
+            assert returned == pytest.approx(loss.item(), rel=1e-6)
+            (seen,) = opt.seen
+            norm = scale * grad_norm(raw)
+            factor = scale * min(1.0, 1.0 / norm)
+            assert grad_norm(seen) == pytest.approx(min(norm, 1.0), rel=1e-4)
+            for g, r in zip(seen, raw):
+                torch.testing.assert_close(g, factor * r, rtol=1e-4, atol=1e-7)
+
+
+def test_train_draws_seeded_batches_and_calls_on_step(ch08, monkeypatch):
+    """train: Adam with the given lr, batches drawn from its own seeded
+    generator, on_step before the first step and after every step."""
+    model = small_model(ch08, attend=False, seed=2)
+    data = ch08.make_reversal_data(40, 2, 6, seed=3)
+    calls, seen = [], []
+
+    def fake_step(m, optimizer, batch):
+        assert m is model and isinstance(optimizer, torch.optim.Adam)
+        (group,) = optimizer.param_groups
+        assert group["lr"] == 0.25
+        assert [id(p) for p in group["params"]] == [
+            id(p) for p in model.parameters()
+        ]
+        seen.append(batch)
+        return float(len(seen))
+
+    monkeypatch.setattr(ch08, "train_step", fake_step)
+    torch.manual_seed(99)  # the global generator must not matter
+    losses = ch08.train(
+        model,
+        data,
+        steps=3,
+        batch_size=5,
+        lr=0.25,
+        seed=7,
+        on_step=lambda step, m: calls.append(step),
+    )
+    assert losses == [1.0, 2.0, 3.0] and calls == [0, 1, 2, 3]
+    gen = torch.Generator().manual_seed(7)
+    src, lengths, tgt = data
+    for batch in seen:
+        idx = torch.randint(len(src), (5,), generator=gen)
+        n = int(lengths[idx].max())
+        assert torch.equal(batch[0], src[idx][:, :n])
+        assert torch.equal(batch[1], lengths[idx])
+        assert torch.equal(batch[3], tgt[idx][:, : n + 1])
+
+
+class FixedModel:
+    """Stands in for a model: greedy_decode returns given predictions."""
+
+    def __init__(self, pred):
+        self.pred = pred
+
+    def greedy_decode(self, src, lengths, steps):
+        assert steps == self.pred.shape[1]
+        return self.pred, None
+
+
+def test_accuracy_by_length_counts_exact_matches(ch08):
+    """Exact-sequence accuracy, overall and per length, counted by hand."""
+    V = ch08.Vocab
+    src, lengths, tgt = ch08.make_reversal_data(60, 2, 5, seed=6)
+    gen = torch.Generator().manual_seed(1)
+    pred = tgt.clone()
+    wrong = torch.rand(len(tgt), generator=gen) < 0.4  # spoil some rows
+    pred[wrong, 0] = V.FIRST_DIGIT + (pred[wrong, 0] - V.FIRST_DIGIT + 1) % 10
+    after_end = torch.rand(len(tgt), generator=gen) < 0.5  # beyond </s>
+    pred[after_end, -1] = torch.where(
+        tgt[after_end, -1] == V.PAD, V.FIRST_DIGIT, pred[after_end, -1]
+    )
+    rows = []
+    for p_k, t_k, n_k in zip(pred.tolist(), tgt.tolist(), lengths.tolist()):
+        rows.append((p_k[: n_k + 1] == t_k[: n_k + 1], n_k))
+    overall, per_length = ch08.accuracy_by_length(
+        FixedModel(pred), (src, lengths, tgt), range(2, 6)
+    )
+    assert overall == pytest.approx(sum(ok for ok, _ in rows) / len(rows))
+    assert 0 < overall < 1
+    for n in range(2, 6):
+        hits = [ok for ok, n_k in rows if n_k == n]
+        assert per_length[n] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_every_length_is_drawn(ch08):
+    _, lengths, _ = ch08.make_reversal_data(400, 2, 6, seed=0)
+    assert sorted(set(lengths.tolist())) == [2, 3, 4, 5, 6]
+
+
+def test_vocab_labels(ch08):
+    V = ch08.Vocab
+    labels = [V.label(t) for t in range(V.SIZE)]
+    assert labels == ["·", "<s>", "</s>", *map(str, range(10))]
+    assert V.SIZE == V.FIRST_DIGIT + 10
+
+
+def test_loss_table_picks_step_one_and_every_nth(ch08):
+    losses = [1.0 / k for k in range(1, 11)]
+    lines = ch08.loss_table(losses, 5).splitlines()
+    assert [int(line.split()[1]) for line in lines] == [1, 5, 10]
+    assert lines[1].split()[-1] == "0.2000"
