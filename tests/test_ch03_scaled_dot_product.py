@@ -252,6 +252,39 @@ def test_dropout_is_attention_dropout():
     assert torch.equal(C2, C0) and torch.equal(A2, A0)
 
 
+@pytest.mark.parametrize("p", [0.2, 0.75])
+def test_dropout_p_is_the_probability_to_drop(p):
+    """About a fraction p of the weights is zeroed, the rest scaled by
+    1 / (1 - p) (the fraction checked within 5 standard deviations)."""
+    g = torch.Generator().manual_seed(5)
+    Q, K, V = (torch.randn(8, 16, 4, generator=g) for _ in range(3))
+    _, A0 = sdpa(Q, K, V)
+    torch.manual_seed(1)
+    _, A1 = sdpa(Q, K, V, dropout_p=p)
+    kept = A1 != 0
+    n = kept.numel()
+    assert abs(kept.sum().item() / n - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+    assert_close(A1[kept], A0[kept] / (1 - p), rtol=1e-6, atol=0)
+
+
+def test_compare_with_torch_passes_and_checks_every_mask(ch03, monkeypatch):
+    """The chapter's check passes for the book's function on fresh shapes,
+    and fails for a function that gets the causal mask right but ignores
+    any other mask: it really compares with a random mask too."""
+    gen = torch.Generator().manual_seed(8)
+    Q, K, V = (torch.randn(2, 5, 4, generator=gen) for _ in range(3))
+    ch03.compare_with_torch(Q, K, V, gen)
+
+    def causal_only(Q, K, V, mask=None):
+        if mask is not None and not torch.equal(mask, mask.tril()):
+            mask = None  # forgets every mask but the causal one
+        return sdpa(Q, K, V, mask=mask)
+
+    monkeypatch.setattr(ch03, "scaled_dot_product_attention", causal_only)
+    with pytest.raises(AssertionError):
+        ch03.compare_with_torch(Q, K, V, gen)
+
+
 # --- Bad inputs are named -----------------------------------------------------
 
 
@@ -280,6 +313,10 @@ def test_bad_shapes_raise(shapes, message):
         ),
         (torch.ones(3, 1, 3, dtype=torch.bool), "does not broadcast"),
         (torch.ones(3, dtype=torch.bool), "does not broadcast"),
+        (  # broadcasts, but to (2, 2, 5), larger than the scores (2, 5)
+            torch.ones(2, 2, 5, dtype=torch.bool),
+            r"mask of shape \(2, 2, 5\) does not broadcast",
+        ),
         (torch.ones(2, 5), "must be a boolean tensor"),
         (torch.ones(2, 5, dtype=torch.int64), "must be a boolean tensor"),
     ],
@@ -296,6 +333,8 @@ def test_bad_values_raise(ch03):
         sdpa(Q.long(), Q, Q)
     with pytest.raises(ValueError, match="NaN or infinite"):
         sdpa(Q, Q, torch.full((2, 4), float("nan")))
+    with pytest.raises(ValueError, match="Q contains NaN or infinite"):
+        sdpa(torch.tensor([[0.0, float("inf")]]), Q[:, :2], Q)
     for p in (-0.1, 1.0):
         with pytest.raises(ValueError, match="dropout_p must be in"):
             sdpa(Q, Q, Q, dropout_p=p)
