@@ -715,3 +715,18 @@ def test_chapter_uses_the_appendix_code(ch02, rport):
     functions the appendix shows and checks (book/r_port.py)."""
     for name in ("r_format_matrix", "r_runif", "r_set_seed"):
         assert getattr(ch02, name) is getattr(rport, name), name
+
+
+def test_appendix_shows_each_function_as_it_is_in_r_port(rport, capsys):
+    """The appendix's `show` prints the source of every function it is
+    given, exactly as book/r_port.py has it."""
+    import inspect
+
+    import r_port
+
+    rport.show(r_port.r_seed_words, r_port.r_set_seed)
+    printed = capsys.readouterr().out
+    expected = "\n\n".join(
+        inspect.getsource(f) for f in (r_port.r_seed_words, r_port.r_set_seed)
+    )
+    assert printed == expected.rstrip() + "\n"
