@@ -572,11 +572,10 @@ def test_fill_figure_numbers_each_cell_in_rs_order(ch02):
         }
 
 
-def test_numbers_in_reads_every_row_of_a_printout(ch02):
+def test_numbers_in_reads_every_row_of_a_printout(ch01, ch02):
     """The R post's printout read back: four rows, three columns, within
     half a unit of the 7th digit of chapter 1's table (read from chapter 1:
     an independent copy of the source's numbers)."""
-    ch01 = load_chapter("01_general_attention.ipynb")
     numbers = ch02.numbers_in(ch02.R_POST_ATTENTION)
     assert numbers.shape == (4, 3)
     assert_allclose(numbers, ch01.SOURCE_ATTENTION, rtol=5e-7, atol=0)
