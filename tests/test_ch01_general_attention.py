@@ -207,3 +207,14 @@ def test_seed42_matrices_follow_the_randint_rule(ch01):
         np.reshape(kept, (3, 3, 3)),
         [ch01.SEED42_W_Q, ch01.SEED42_W_K, ch01.SEED42_W_V],
     )
+
+
+def test_naive_softmax_is_the_literal_formula_and_overflows(ch01):
+    """The chapter's literal softmax: exp(z) / sum(exp(z)), equal to SciPy's
+    where nothing overflows, and NaN (inf / inf) for a score of 1000, the
+    failure the chapter shows before its stable softmax."""
+    z = np.random.default_rng(0).normal(scale=3.0, size=7)
+    assert_allclose(ch01.naive_softmax(z), scipy_softmax(z), rtol=1e-13)
+    with np.errstate(over="ignore", invalid="ignore"):
+        broken = ch01.naive_softmax(np.array([1000.0, 0.0]))
+    assert np.isnan(broken[0]) and broken[1] == 0.0

@@ -255,6 +255,65 @@ def test_runif_across_the_state_refill(rport):
     ]
 
 
+# Measured in R 4.2.2: set.seed(s); sprintf("%a", runif(n, min, max))
+R_DRAWS_SCALED = {
+    (7, 4, -2.5, 4.0): [
+        "0x1.f6c5c4e84p+1",
+        "0x1.5d932fdp-4",
+        "-0x1.bf7a98fp+0",
+        "-0x1.05f816e48p+1",
+    ],
+    (-987654321, 3, 10.0, 1e6): [
+        "0x1.30c662a02d3cp+16",
+        "0x1.76ab090bd05cp+18",
+        "0x1.5396b1bdaeecp+19",
+    ],
+}
+
+
+@pytest.mark.parametrize("call", list(R_DRAWS_SCALED))
+def test_runif_min_max_equal_stored_r_draws(rport, call):
+    """runif(n, min, max) is min + (max - min) u, bit for bit as in R."""
+    seed, n, low, high = call
+    u = rport.r_runif(rport.r_set_seed(seed), n, low, high)
+    assert u.tolist() == [float.fromhex(h) for h in R_DRAWS_SCALED[call]]
+
+
+def lcg_state(seed):
+    """R's set.seed, written from RNG_Init in R's src/main/RNG.c: the seed
+    modulo 2^32, 50 steps of s = 69069 s + 1, then 625 more kept: the
+    position counter (dropped) and the 624 words of the twister's state."""
+    s = seed % 2**32
+    for _ in range(50):
+        s = (69069 * s + 1) % 2**32
+    kept = []
+    for _ in range(625):
+        s = (69069 * s + 1) % 2**32
+        kept.append(s)
+    return kept
+
+
+@pytest.mark.parametrize("seed", [0, 1, -5, 2**31 - 1])
+def test_set_seed_is_rs_lcg_scramble(rport, seed):
+    """The 625 seed words, and the twister state r_set_seed installs: the
+    last 624 words, with the position at 624 (twist before the first
+    draw)."""
+    words = lcg_state(seed)
+    assert rport.r_seed_words(seed) == words
+    state = rport.r_set_seed(seed).state["state"]
+    assert state["key"].tolist() == words[1:]
+    assert state["pos"] == 624
+
+
+def test_unif_rand_is_the_raw_word_times_2_to_the_minus_32(rport):
+    """u = y / 2^32 exactly, y the twister's next 32-bit output."""
+    raw = np.random.MT19937()
+    raw.state = rport.r_set_seed(42).state
+    words = raw.random_raw(5)
+    u = rport.r_unif_rand(rport.r_set_seed(42), 5)
+    assert u.tolist() == [int(y) / 2**32 for y in words]
+
+
 def test_runif_min_equal_max_draws_nothing(rport):
     # R: set.seed(0); runif(2, 1, 1); runif(1) is set.seed(0)'s first draw
     rng = rport.r_set_seed(0)
@@ -483,6 +542,72 @@ def test_r_matrix_fills_columns_unless_byrow(ch02):
         ch02.r_matrix(range(5), 2, 3)
 
 
+def test_r_matrix_refuses_what_r_would_recycle_or_cut(ch02):
+    with pytest.raises(ValueError, match="needs 6 values"):
+        ch02.r_matrix(range(7), 2, 3)  # R would drop the 7th
+    with pytest.raises(ValueError, match=r"1-D array, got shape \(2, 3\)"):
+        ch02.r_matrix(np.ones((2, 3)), 2, 3)
+
+
+def test_fill_figure_numbers_each_cell_in_rs_order(ch02):
+    """draw_fill writes k in the cell where r_matrix puts the k-th value:
+    down the columns for matrix(v, 3, 3), along the rows with byrow."""
+    import matplotlib.pyplot as plt
+
+    for byrow in (False, True):
+        fig, ax = plt.subplots()
+        ch02.draw_fill(ax, 0.0, byrow, "title")
+        cells = {}
+        for text in ax.texts:
+            if text.get_text().isdigit():
+                x, y = text.get_position()
+                row, col = round((2.55 - y) / 0.9), round((x - 0.45) / 0.9)
+                cells[(row, col)] = int(text.get_text())
+        plt.close(fig)
+        expected = np.arange(1, 10).reshape(3, 3)
+        if not byrow:
+            expected = expected.T  # R: 1, 2, 3 down the first column
+        assert cells == {
+            (i, j): expected[i, j] for i in range(3) for j in range(3)
+        }
+
+
+def test_numbers_in_reads_every_row_of_a_printout(ch01, ch02):
+    """The R post's printout read back: four rows, three columns, within
+    half a unit of the 7th digit of chapter 1's table (read from chapter 1:
+    an independent copy of the source's numbers)."""
+    numbers = ch02.numbers_in(ch02.R_POST_ATTENTION)
+    assert numbers.shape == (4, 3)
+    assert_allclose(numbers, ch01.SOURCE_ATTENTION, rtol=5e-7, atol=0)
+    assert_allclose(ch02.CH1_ATTENTION, ch01.SOURCE_ATTENTION, rtol=0, atol=0)
+
+
+def test_vignette_matrices_give_every_vignette_printout(ch02, rport):
+    """R's set.seed(0) draws, floored and filled by column, are the stored
+    VIGNETTE_W_DERIVED; with the four words they give the scores, row
+    maxima, weights and outputs the vignette prints (read back from its
+    printouts), the softmax written out here."""
+    rng = rport.r_set_seed(0)
+    for name in ("W_Q", "W_K", "W_V"):
+        drawn = ch02.r_matrix(np.floor(rport.r_runif(rng, 9, 0.0, 3.0)), 3, 3)
+        assert_array_equal(drawn, ch02.VIGNETTE_W_DERIVED[name], name)
+    words = ch02.numbers_in(ch02.VIGNETTE["words"])
+    assert_array_equal(words, [[1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1]])
+    W_Q, W_K, W_V = (
+        np.array(ch02.VIGNETTE_W_DERIVED[n]) for n in ("W_Q", "W_K", "W_V")
+    )
+    scores = (words @ W_Q) @ (words @ W_K).T
+    assert_array_equal(scores, ch02.numbers_in(ch02.VIGNETTE["scores"]))
+    maxs = scores.max(axis=1, keepdims=True)
+    assert_array_equal(maxs, ch02.numbers_in(ch02.VIGNETTE["maxs"]))
+    e = np.exp((scores - maxs) / np.sqrt(3))
+    weights = e / e.sum(axis=1, keepdims=True)
+    printed = ch02.numbers_in(ch02.VIGNETTE["weights"])
+    assert_allclose(weights, printed, rtol=5e-7, atol=0)
+    printed = ch02.numbers_in(ch02.VIGNETTE["attention"])
+    assert_allclose(weights @ (words @ W_V), printed, rtol=5e-7, atol=0)
+
+
 # --- The Julia block, tokens as columns -------------------------------------
 
 
@@ -536,6 +661,25 @@ def test_julia_softmax_is_over_all_entries(ch02):
         ch02.softmax([1.0, np.nan])
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_julia_softmax_equals_the_formula_over_all_entries(ch02, seed):
+    z = np.random.default_rng(seed).normal(scale=3.0, size=(3, 4))
+    expected = np.exp(z) / np.exp(z).sum()
+    assert_allclose(ch02.softmax(z), expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_linear_transform_adds_the_bias_to_every_column(ch02, seed):
+    rng = np.random.default_rng(seed)
+    x, W, b = (
+        rng.normal(size=(4, 5)),
+        rng.normal(size=(3, 4)),
+        rng.normal(size=(3, 1)),
+    )
+    expected = [W @ x[:, j] + b[:, 0] for j in range(5)]  # one token each
+    assert_allclose(ch02.linear_transform(x, W, b).T, expected, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -570,3 +714,18 @@ def test_chapter_uses_the_appendix_code(ch02, rport):
     functions the appendix shows and checks (book/r_port.py)."""
     for name in ("r_format_matrix", "r_runif", "r_set_seed"):
         assert getattr(ch02, name) is getattr(rport, name), name
+
+
+def test_appendix_shows_each_function_as_it_is_in_r_port(rport, capsys):
+    """The appendix's `show` prints the source of every function it is
+    given, exactly as book/r_port.py has it."""
+    import inspect
+
+    import r_port
+
+    rport.show(r_port.r_seed_words, r_port.r_set_seed)
+    printed = capsys.readouterr().out
+    expected = "\n\n".join(
+        inspect.getsource(f) for f in (r_port.r_seed_words, r_port.r_set_seed)
+    )
+    assert printed == expected.rstrip() + "\n"

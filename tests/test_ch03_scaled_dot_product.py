@@ -57,67 +57,6 @@ def random_case(seed):
     return g, Q, K, V
 
 
-# --- The post's numbers, and the module == the chapter's steps -------------
-
-
-def test_module_equals_the_chapters_steps(ch03_run):
-    """book/attention.py's function returns, bit for bit, the A and C that
-    the chapter computes step by step, and its own E is the chapter's."""
-    C, A = sdpa(ch03_run.Q, ch03_run.K, ch03_run.V)
-    assert torch.equal(A, ch03_run.A)
-    assert torch.equal(C, ch03_run.C)
-    Q, K = ch03_run.Q, ch03_run.K
-    E = Q @ K.transpose(-2, -1) * K.shape[-1] ** -0.5
-    assert torch.equal(E, ch03_run.E)
-    assert torch.equal(F.softmax(E, -1) @ ch03_run.V, C)
-
-
-def test_chapter_uses_the_module(ch03_run):
-    """The chapter's name is the module's function, not a copy."""
-    assert ch03_run.scaled_dot_product_attention.__module__ == "attention"
-    assert (
-        ch03_run.scaled_dot_product_attention.__code__.co_code
-        == sdpa.__code__.co_code
-    )
-
-
-def test_source_weights_and_row_sums(ch03, ch03_run):
-    _, A = sdpa(ch03_run.Q, ch03_run.K, ch03_run.V)
-    assert_close(A[0], torch.tensor(ch03.SOURCE_WEIGHTS), rtol=0, atol=5e-5)
-    row_sums = torch.tensor(ch03.SOURCE_ROW_SUMS)
-    assert_close(A[0].sum(-1), row_sums, rtol=0, atol=1e-6)
-
-
-def test_sharpened_weights(ch03, ch03_run):
-    # 12 x the scaled scores = the scaled scores of 12 x the queries
-    Q, K, V = ch03_run.Q, ch03_run.K, ch03_run.V
-    _, A = sdpa(12 * Q, K, V)
-    expected = torch.tensor(ch03.SHARPENED_WEIGHTS)
-    assert_close(A[0], expected, rtol=0, atol=5e-5)
-    max_weight, _ = ch03.saturation_curve(ch03_run.E[0], [12])
-    assert_close(max_weight[0], expected.max(-1).values, rtol=0, atol=5e-5)
-
-
-def test_source_rows_lose_their_gradient(ch03, ch03_run):
-    _, jac_norm = ch03.saturation_curve(ch03_run.E[0], [1, 12, 128])
-    assert jac_norm[1, 1] < jac_norm[0, 1] / 30
-    assert (jac_norm[2] < 1e-3).all()
-
-
-def test_on_ramp(ch03_run):
-    """The PyTorch on-ramp's claims: a Generator with the global seed draws
-    the same numbers; d/dw (3w)^2 = 36 at w = 2; one SGD step lowers the
-    loss; nn.Linear's weight is (out, in)."""
-    assert ch03_run.w.grad.item() == 36.0
-    assert ch03_run.losses[1] < ch03_run.losses[0]
-    assert tuple(ch03_run.layer.weight.shape) == (2, 3)
-    torch.manual_seed(0)
-    a = torch.randn(3)
-    assert torch.equal(
-        torch.randn(3, generator=torch.Generator().manual_seed(0)), a
-    )
-
-
 # --- The softmax Jacobian -----------------------------------------------------
 
 
@@ -252,6 +191,39 @@ def test_dropout_is_attention_dropout():
     assert torch.equal(C2, C0) and torch.equal(A2, A0)
 
 
+@pytest.mark.parametrize("p", [0.2, 0.75])
+def test_dropout_p_is_the_probability_to_drop(p):
+    """About a fraction p of the weights is zeroed, the rest scaled by
+    1 / (1 - p) (the fraction checked within 5 standard deviations)."""
+    g = torch.Generator().manual_seed(5)
+    Q, K, V = (torch.randn(8, 16, 4, generator=g) for _ in range(3))
+    _, A0 = sdpa(Q, K, V)
+    torch.manual_seed(1)
+    _, A1 = sdpa(Q, K, V, dropout_p=p)
+    kept = A1 != 0
+    n = kept.numel()
+    assert abs(kept.sum().item() / n - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+    assert_close(A1[kept], A0[kept] / (1 - p), rtol=1e-6, atol=0)
+
+
+def test_compare_with_torch_passes_and_checks_every_mask(ch03, monkeypatch):
+    """The chapter's check passes for the book's function on fresh shapes,
+    and fails for a function that gets the causal mask right but ignores
+    any other mask: it really compares with a random mask too."""
+    gen = torch.Generator().manual_seed(8)
+    Q, K, V = (torch.randn(2, 5, 4, generator=gen) for _ in range(3))
+    ch03.compare_with_torch(Q, K, V, gen)
+
+    def causal_only(Q, K, V, mask=None):
+        if mask is not None and not torch.equal(mask, mask.tril()):
+            mask = None  # forgets every mask but the causal one
+        return sdpa(Q, K, V, mask=mask)
+
+    monkeypatch.setattr(ch03, "scaled_dot_product_attention", causal_only)
+    with pytest.raises(AssertionError):
+        ch03.compare_with_torch(Q, K, V, gen)
+
+
 # --- Bad inputs are named -----------------------------------------------------
 
 
@@ -280,6 +252,10 @@ def test_bad_shapes_raise(shapes, message):
         ),
         (torch.ones(3, 1, 3, dtype=torch.bool), "does not broadcast"),
         (torch.ones(3, dtype=torch.bool), "does not broadcast"),
+        (  # broadcasts, but to (2, 2, 5), larger than the scores (2, 5)
+            torch.ones(2, 2, 5, dtype=torch.bool),
+            r"mask of shape \(2, 2, 5\) does not broadcast",
+        ),
         (torch.ones(2, 5), "must be a boolean tensor"),
         (torch.ones(2, 5, dtype=torch.int64), "must be a boolean tensor"),
     ],
@@ -296,6 +272,8 @@ def test_bad_values_raise(ch03):
         sdpa(Q.long(), Q, Q)
     with pytest.raises(ValueError, match="NaN or infinite"):
         sdpa(Q, Q, torch.full((2, 4), float("nan")))
+    with pytest.raises(ValueError, match="Q contains NaN or infinite"):
+        sdpa(torch.tensor([[0.0, float("inf")]]), Q[:, :2], Q)
     for p in (-0.1, 1.0):
         with pytest.raises(ValueError, match="dropout_p must be in"):
             sdpa(Q, Q, Q, dropout_p=p)
@@ -312,3 +290,66 @@ def test_the_posts_r_code_is_shown_unrun():
     chunks = re.findall(r"```r\n(.*?)```", text, flags=re.S)
     assert len(chunks) == 7
     assert all(chunk.startswith("#| eval: false\n") for chunk in chunks)
+
+
+# --- The post's numbers, and the module == the chapter's steps -------------
+# (last: they run every cell of the chapter once, which takes seconds, and
+# `make mutants` stops at the first failure)
+
+
+def test_module_equals_the_chapters_steps(ch03_run):
+    """book/attention.py's function returns, bit for bit, the A and C that
+    the chapter computes step by step, and its own E is the chapter's."""
+    C, A = sdpa(ch03_run.Q, ch03_run.K, ch03_run.V)
+    assert torch.equal(A, ch03_run.A)
+    assert torch.equal(C, ch03_run.C)
+    Q, K = ch03_run.Q, ch03_run.K
+    E = Q @ K.transpose(-2, -1) * K.shape[-1] ** -0.5
+    assert torch.equal(E, ch03_run.E)
+    assert torch.equal(F.softmax(E, -1) @ ch03_run.V, C)
+
+
+def test_chapter_uses_the_module(ch03_run):
+    """The chapter's name is the module's function, not a copy."""
+    assert ch03_run.scaled_dot_product_attention.__module__ == "attention"
+    assert (
+        ch03_run.scaled_dot_product_attention.__code__.co_code
+        == sdpa.__code__.co_code
+    )
+
+
+def test_source_weights_and_row_sums(ch03, ch03_run):
+    _, A = sdpa(ch03_run.Q, ch03_run.K, ch03_run.V)
+    assert_close(A[0], torch.tensor(ch03.SOURCE_WEIGHTS), rtol=0, atol=5e-5)
+    row_sums = torch.tensor(ch03.SOURCE_ROW_SUMS)
+    assert_close(A[0].sum(-1), row_sums, rtol=0, atol=1e-6)
+
+
+def test_sharpened_weights(ch03, ch03_run):
+    # 12 x the scaled scores = the scaled scores of 12 x the queries
+    Q, K, V = ch03_run.Q, ch03_run.K, ch03_run.V
+    _, A = sdpa(12 * Q, K, V)
+    expected = torch.tensor(ch03.SHARPENED_WEIGHTS)
+    assert_close(A[0], expected, rtol=0, atol=5e-5)
+    max_weight, _ = ch03.saturation_curve(ch03_run.E[0], [12])
+    assert_close(max_weight[0], expected.max(-1).values, rtol=0, atol=5e-5)
+
+
+def test_source_rows_lose_their_gradient(ch03, ch03_run):
+    _, jac_norm = ch03.saturation_curve(ch03_run.E[0], [1, 12, 128])
+    assert jac_norm[1, 1] < jac_norm[0, 1] / 30
+    assert (jac_norm[2] < 1e-3).all()
+
+
+def test_on_ramp(ch03_run):
+    """The PyTorch on-ramp's claims: a Generator with the global seed draws
+    the same numbers; d/dw (3w)^2 = 36 at w = 2; one SGD step lowers the
+    loss; nn.Linear's weight is (out, in)."""
+    assert ch03_run.w.grad.item() == 36.0
+    assert ch03_run.losses[1] < ch03_run.losses[0]
+    assert tuple(ch03_run.layer.weight.shape) == (2, 3)
+    torch.manual_seed(0)
+    a = torch.randn(3)
+    assert torch.equal(
+        torch.randn(3, generator=torch.Generator().manual_seed(0)), a
+    )
