@@ -1,8 +1,8 @@
 """Chapter 8: online softmax, tiled attention and the benchmark script."""
 
 import itertools
-import math
 import json
+import math
 import re
 import sys
 import types
