@@ -180,6 +180,37 @@ def test_windows_are_positive_integers():
             ch10.SelfAttention(32, 4, causal=True, w=w)
 
 
+def test_heads_and_window_are_checked():
+    with pytest.raises(ValueError, match=r"H=8.*G=3"):
+        ch10.SelfAttention(64, 8, 3)
+    with pytest.raises(ValueError, match="causal"):
+        ch10.SelfAttention(64, 8, 2, w=4)
+
+
+@pytest.mark.parametrize("G, w", [(2, None), (1, 3), (4, 2)])
+def test_kv_cache_of_one_block(G, w):
+    """A decoder block fed 5, then 1, then 3 tokens through a KVCache gives
+    the outputs of one call on all 9; the cache counts 9 tokens, keeps the
+    keys and values of all (or, with a window, of the last w, in w slots)
+    and its bytes are those of the keys plus the values."""
+    torch.manual_seed(6)
+    block = transformer.DecoderBlock(32, 4, 64, G=G, w=w).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cache = transformer.KVCache(w)
+    with torch.no_grad():
+        full = block(x)
+        parts = [
+            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
+        ]
+    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+    assert cache.length == 9
+    kept = 9 if w is None else w
+    assert cache.K.shape == cache.V.shape == (2, G, kept, 8)
+    assert sorted(cache.pos.tolist()) == list(range(9 - kept, 9))
+    assert cache.nbytes() == 2 * 2 * G * kept * 8 * 8
+    assert transformer.KVCache(w).nbytes() == 0
+
+
 # --- the shared block, the cache, grouped-query attention and the window ----
 
 
