@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import math
 import re
 import sys
 import types
@@ -34,6 +35,119 @@ def qkv(T, S=None, d=16, d_v=None, batch=(2, 3), dtype=torch.float64, seed=0):
         torch.randn(*batch, S, d, generator=gen, dtype=dtype),
         torch.randn(*batch, S, d_v, generator=gen, dtype=dtype),
     )
+
+
+# --- what the text states about the floor, the margin and the byte counts ----
+
+
+@pytest.mark.parametrize(
+    "dtype, s", [(torch.float32, 40.0), (torch.float64, 100.0)]
+)
+@pytest.mark.parametrize("B_r, B_c", [(4, 4), (2, 3)])
+def test_tiled_floor_keeps_tiny_weights_on_diagonal_tiles(
+    ch08, dtype, s, B_r, B_c
+):
+    """On a causal diagonal tile the exp is floored at 0.9 log(tiny) (-78.6
+    in float32), far below any weight that matters: query 1's weight on key 0,
+    exp(-s) / (1 + exp(-s)), survives to its last digits. A floor from eps
+    (-14.3 in float32, -32.4 in float64) would make it exp(floor)."""
+    q = torch.tensor([[0.0], [s], [1.0], [-1.0]], dtype=dtype)[None]
+    k = torch.tensor([[0.0], [1.0], [0.5], [2.0]], dtype=dtype)[None]
+    v = torch.tensor([[1.0], [0.0], [0.3], [-0.7]], dtype=dtype)[None]
+    assert ch08.tile_schedule(4, 4, B_r, B_c, causal=True)[0][-1]  # masked
+    got = ch08.tiled_attention(q, k, v, causal=True, B_r=B_r, B_c=B_c)
+    tiny = torch.exp(torch.tensor(-s, dtype=torch.float64)).item()
+    assert 0 < got[0, 1, 0].item() < 1.01 * tiny
+    expected = ch08.attention_torch(q, k, v, causal=True)
+    assert_close(got, expected, rtol=1e-4, atol=1e-30)
+
+
+def count_fast_rows(ch08, monkeypatch):
+    """Wrap the chapter's fast_row: the list of the `lazy` flag of each call
+    (True: the lazy reference; False: the exact recompute of a row block)."""
+    calls, fast_row = [], ch08.fast_row
+
+    def counting(*args):
+        calls.append(args[7])
+        return fast_row(*args)
+
+    monkeypatch.setattr(ch08, "fast_row", counting)
+    return calls
+
+
+@pytest.mark.parametrize("base2", [False, True])
+def test_fast_recomputes_exactly_when_the_margin_is_exceeded(
+    ch08, monkeypatch, base2
+):
+    """One query, keys 0 and 1 with scores 0 and s: the row sum relative to
+    key 0's score is 1 + exp(s). Up to 2 ** MARGIN = 2 ** 20 (s < 13.86) the
+    lazy row is kept; above, the row block is computed again, exactly."""
+    assert ch08.MARGIN == 20
+    calls = count_fast_rows(ch08, monkeypatch)
+    for s, recomputed in ((13.3, False), (14.3, True), (5.0, False)):
+        q = torch.ones(1, 1, 1, dtype=torch.float64)
+        k = torch.tensor([[[0.0], [s]]], dtype=torch.float64)
+        v = torch.tensor([[[1.0], [2.0]]], dtype=torch.float64)
+        calls.clear()
+        got = ch08.fast_attention(q, k, v, levers={"base2": base2})
+        assert calls == ([True, False] if recomputed else [True]), s
+        assert_close(got, ch08.attention_torch(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_fast_recomputes_only_the_row_blocks_that_need_it(ch08, monkeypatch):
+    """Random scores stay within the margin: no row block is recomputed.
+    Scores rising 300 above key 0's: every row block is, once."""
+    calls = count_fast_rows(ch08, monkeypatch)
+    q, k, v = qkv(64, d=8, batch=(2,), dtype=torch.float32)
+    ch08.fast_attention(q, k, v, B_r=16, B_c=16)
+    assert calls == [True] * 4
+    calls.clear()
+    q, k, v = late_rising_scores(64, 300.0, torch.float32)
+    got = ch08.fast_attention(q, k, v, B_r=16, B_c=16)
+    assert calls == [True, False] * 4
+    assert_close(got, ch08.attention_torch(q, k, v), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.float32, torch.float64]
+)
+@pytest.mark.parametrize("T, d_k, H", [(64, 16, 1), (48, 8, 3), (4096, 64, 8)])
+def test_attention_cost_counts_the_score_tensor_and_the_products(
+    ch08, dtype, T, d_k, H
+):
+    """The bytes are those of an (H, T, T) tensor of scores; the FLOPs are
+    what PyTorch's FLOP counter counts for Q K^T and A V (d_v = d_k)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    flops, score_bytes = ch08.attention_cost(T, d_k, H, bytes_per_number=size)
+    assert (
+        score_bytes == torch.empty(H, T, T, dtype=dtype, device="meta").nbytes
+    )
+    from torch.utils.flop_counter import FlopCounterMode
+
+    Q, K, V = (torch.empty(H, T, d_k, device="meta") for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        (Q @ K.transpose(-2, -1)) @ V
+    assert flops == counter.get_total_flops()
+
+
+@pytest.mark.parametrize(
+    "T, d_k, H, B_r, B_c, number",
+    [(4096, 64, 8, 128, 512, 4), (100, 16, 2, 128, 512, 8),
+     (300, 32, 3, 64, 200, 2), (50, 8, 1, 7, 64, 4)],
+)  # fmt: skip
+def test_tiled_bytes_counts_what_tiled_attention_allocates(
+    ch08, T, d_k, H, B_r, B_c, number
+):
+    """One tile of scores (never larger than T x T), the scaled queries, the
+    transposed keys and the running outputs (T x d_k each, d_v = d_k), the
+    maxima m and sums l (T each), per head, `number` bytes per number."""
+    shapes = [
+        (H, min(B_r, T), min(B_c, T)),  # the tile buffer
+        (H, T, d_k), (H, d_k, T), (H, T, d_k),  # Q3, Kt, C_acc
+        (H, T, 1), (H, T, 1),  # m, l
+    ]  # fmt: skip
+    expected = sum(math.prod(s) for s in shapes) * number
+    assert ch08.tiled_bytes(T, d_k, H, B_r, B_c, number) == expected
 
 
 # --- tiled attention equals the naive program ---------------------------------

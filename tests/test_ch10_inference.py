@@ -2,6 +2,9 @@
 cache changes no token; grouped-query attention equals PyTorch's fused kernel
 and its special cases; the sliding window and its rolling cache; bad inputs."""
 
+import itertools
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,6 +42,176 @@ def torch_layer(block):
         }
     )
     return layer.eval()
+
+
+# --- the baselines, the data, training and sampling as the text states -------
+
+
+def test_unigram_and_bigram_baselines_equal_counting_by_hand():
+    """Unigram: -mean log of the training text's character frequencies.
+    Bigram: -mean log (count(a, b) + 1) / (count(a, .) + vocab), the next
+    character b given the previous a, counted in the training text."""
+    from collections import Counter
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = 6
+    train = torch.multinomial(
+        torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 0.0]), 400, True, generator=gen
+    )
+    x = torch.tensor([[0, 1, 2, 4], [2, 2, 3, 0]])
+    y = torch.tensor([[1, 2, 4, 4], [2, 3, 0, 1]])
+    seen = train.tolist()
+    unigram = Counter(seen)
+    expected = (
+        -sum(math.log(unigram[b] / len(seen)) for b in y.flatten().tolist())
+        / y.numel()
+    )
+    assert ch10.unigram_loss(train, y, vocab) == pytest.approx(expected, 1e-12)
+    pairs = Counter(itertools.pairwise(seen))
+    first = Counter(seen[:-1])
+    expected = (
+        -sum(
+            math.log((pairs[(a, b)] + 1) / (first[a] + vocab))
+            for a, b in zip(x.flatten().tolist(), y.flatten().tolist())
+        )
+        / y.numel()
+    )
+    got = ch10.bigram_loss(train, x, y, vocab)
+    assert got == pytest.approx(expected, 1e-12)
+    # character 5 never occurs: the plus one keeps its loss finite
+    assert math.isfinite(ch10.bigram_loss(train, x, torch.full_like(y, 5), 6))
+
+
+def test_validation_slice_and_batches_target_the_next_token():
+    data = torch.arange(ch10.VAL_ROWS * ch10.VAL_T + 50)
+    x, y = ch10.validation_slice(data)
+    assert x.shape == y.shape == (ch10.VAL_ROWS, ch10.VAL_T)
+    assert torch.equal(x.flatten(), data[: x.numel()])
+    assert torch.equal(y, x + 1)
+    gen = torch.Generator().manual_seed(0)
+    x, y = ch10.get_batch(torch.arange(100), 5, 12, gen)
+    assert x.shape == y.shape == (5, 12)
+    assert torch.equal(x[:, 1:], x[:, :-1] + 1)  # windows of the data
+    assert torch.equal(y, x + 1)
+
+
+def test_train_decays_the_learning_rate_linearly_to_zero(monkeypatch):
+    """The rate AdamW uses at step s of n is lr (1 - s / n)."""
+    used = []
+
+    class Recording(torch.optim.AdamW):
+        def step(self, closure=None):
+            used.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    model = ch10.GPT(11, d=16, H=2, layers=1, d_ff=32)
+    losses = ch10.train(model, torch.arange(100) % 11, 4, B=2, T=8, lr=0.01)
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+    assert used == pytest.approx([0.01, 0.0075, 0.005, 0.0025], abs=1e-15)
+
+
+def test_validation_loss_is_the_mean_over_characters():
+    model = small_gpt()
+    gen = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(11, (5, 6), generator=gen) for _ in range(2))
+    with torch.no_grad():
+        expected = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    got = ch10.validation_loss(model, x, y, rows=2)  # 5 rows, 2 at a time
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_gpt_context_and_final_layer_norm():
+    model = ch10.GPT(11, d=16, H=2, layers=1, d_ff=32, context=8).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 11)
+        caches = model.new_caches()
+        model(torch.zeros(1, 5, dtype=torch.long), caches)
+        model(torch.zeros(1, 3, dtype=torch.long), caches)  # 8 in all
+        with pytest.raises(ValueError, match="9 tokens exceed"):
+            model(torch.zeros(1, 1, dtype=torch.long), caches)
+        # the readout reads the final LayerNorm: with its gain and bias 0,
+        # every position's logits are the readout's bias
+        model.norm.weight.zero_(), model.norm.bias.zero_()
+        logits = model(torch.tensor([[1, 2, 3]]))
+    assert_close(logits, model.readout.bias.expand(1, 3, 11))
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k", [(0.5, None), (2.0, None), (1.0, 3)]
+)
+def test_sampling_frequencies_follow_the_tempered_softmax(temperature, top_k):
+    """Drawn 20000 times, each token's frequency is within 0.015 (over 4
+    standard deviations) of softmax(logits / temperature), restricted to the
+    top_k largest logits and renormalised."""
+    logits = torch.tensor([0.1, 3.0, 2.0, -1.0, 2.5], dtype=torch.float64)
+    p = (logits / temperature).softmax(-1)
+    if top_k is not None:
+        p[p.argsort(descending=True)[top_k:]] = 0
+        p /= p.sum()
+    gen = torch.Generator().manual_seed(0)
+    draws = ch10.sample_next(
+        logits.expand(20000, 5), temperature, top_k, generator=gen
+    )
+    assert draws.shape == (20000, 1)
+    freq = torch.bincount(draws.flatten(), minlength=5).double() / 20000
+    assert_close(freq, p, rtol=0, atol=0.015)
+    assert torch.equal(freq == 0, p == 0)
+
+
+def test_sampling_refuses_bad_settings():
+    logits = torch.zeros(2, 5)
+    for temperature in (-0.5, -1e-9, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            ch10.sample_next(logits, temperature)
+    with pytest.raises(ValueError, match=r"\(B, vocab\)"):
+        ch10.sample_next(torch.zeros(5), 1.0)
+    assert torch.equal(
+        ch10.sample_next(torch.tensor([[0.0, 1.0], [2.0, 1.0]]), 0),
+        torch.tensor([[1], [0]]),
+    )
+
+
+def test_windows_are_positive_integers():
+    for w in (True, 0, -1, 2.0, "3"):
+        with pytest.raises(ValueError, match="window"):
+            ch10.KVCache(w=w)
+        with pytest.raises(ValueError, match="window"):
+            ch10.SelfAttention(32, 4, causal=True, w=w)
+
+
+def test_heads_and_window_are_checked():
+    with pytest.raises(ValueError, match=r"H=8.*G=3"):
+        ch10.SelfAttention(64, 8, 3)
+    with pytest.raises(ValueError, match="causal"):
+        ch10.SelfAttention(64, 8, 2, w=4)
+
+
+@pytest.mark.parametrize("G, w", [(2, None), (1, 3), (4, 2)])
+def test_kv_cache_of_one_block(G, w):
+    """A decoder block fed 5, then 1, then 3 tokens through a KVCache gives
+    the outputs of one call on all 9; the cache counts 9 tokens, keeps the
+    keys and values of all (or, with a window, of the last w, in w slots)
+    and its bytes are those of the keys plus the values."""
+    torch.manual_seed(6)
+    block = transformer.DecoderBlock(32, 4, 64, G=G, w=w).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cache = transformer.KVCache(w)
+    with torch.no_grad():
+        full = block(x)
+        parts = [
+            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
+        ]
+    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+    assert cache.length == 9
+    kept = 9 if w is None else w
+    assert cache.K.shape == cache.V.shape == (2, G, kept, 8)
+    assert sorted(cache.pos.tolist()) == list(range(9 - kept, 9))
+    assert cache.nbytes() == 2 * 2 * G * kept * 8 * 8
+    assert transformer.KVCache(w).nbytes() == 0
+
+
+# --- the shared block, the cache, grouped-query attention and the window ----
 
 
 def test_causal_block_equals_torch_layer():

@@ -1,5 +1,6 @@
-"""The attention explorer (book/explorer.py): its input checks and stored
-data, and, in Debian's Chromium, every explorer the book shows.
+"""The attention explorer (book/explorer.py) in Debian's Chromium: every
+explorer the book shows (its input checks and stored data, which need no
+browser, are tested in tests/test_explorer_data.py).
 
 Explorers are found, not listed: every notebook of the table of contents
 whose stored outputs hold one is opened as its built page
@@ -18,7 +19,6 @@ import re
 import sys
 
 import nbformat
-import numpy as np
 import pytest
 import yaml
 from conftest import BOOK, ROOT, require_system_tool
@@ -26,8 +26,6 @@ from conftest import BOOK, ROOT, require_system_tool
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(BOOK))
 import site_browser
-
-from explorer import PRECISION, attention_explorer
 
 FIXTURES = ROOT / "tests" / "explorer"
 PLOTLY = site_browser.HTML / "_static" / "plotly" / "plotly.min.js"
@@ -76,7 +74,7 @@ def explorer_cases():
     return cases
 
 
-# --- the module itself ------------------------------------------------------
+# --- the fixtures ------------------------------------------------------------
 
 
 def test_fixture_notebooks_show_explorers():
@@ -85,67 +83,6 @@ def test_fixture_notebooks_show_explorers():
     assert fixtures
     for nb in fixtures:
         assert stored_explorers(nb), f"{nb.name} shows no explorer"
-
-
-def test_weights_are_rounded_and_shapes_kept():
-    rng = np.random.default_rng(0)
-    E = rng.normal(size=(2, 3, 4, 5, 5))
-    A = np.exp(E) / np.exp(E).sum(axis=-1, keepdims=True)
-    ex = attention_explorer(A, [list("abcde"), list("vwxyz")])
-    got = np.array([s["weights"] for s in ex.data["sequences"]])
-    assert got.shape == A.shape
-    np.testing.assert_array_equal(got, np.round(A, PRECISION))
-    assert repr(ex) == (
-        "<attention explorer: 2 sequences, 3 layers, 4 heads; T = 5, 5; "
-        "3 decimals>"
-    )
-    html = ex._repr_html_()
-    ids = EXPLORER.findall(html)
-    assert len(ids) == 1 and json.loads(ids[0][1]) == ex.data
-    assert (
-        html
-        == attention_explorer(A, [list("abcde"), list("vwxyz")])._repr_html_()
-    )
-    assert "cdn" not in html.lower() and "http" not in html
-
-
-def test_sequences_of_different_lengths_and_cross_attention():
-    A1 = np.full((1, 1, 2, 3), 1 / 3)
-    A2 = np.full((1, 1, 4, 3), 1 / 3)
-    ex = attention_explorer(
-        [A1, A2],
-        [["a", "b"], ["c", "d", "e", "f"]],
-        key_tokens=[["x", "y", "z"], ["x", "y", "z"]],
-    )
-    assert [len(s["queries"]) for s in ex.data["sequences"]] == [2, 4]
-    assert ex.data["sequences"][1]["weights"][0][0][3] == [0.333] * 3
-    assert "T = 2, 4" in repr(ex)
-
-
-@pytest.mark.parametrize(
-    "weights, tokens, message",
-    [
-        (np.full((1, 1, 2, 2), 0.5), ["a", "b"], r"shape \(sequences"),
-        (np.full((1, 1, 1, 2, 2), 0.5), ["a", "b", "c"], "2 x 2 but there"),
-        (np.full((1, 1, 1, 2, 2), 0.6), ["a", "b"], "sums to 1"),
-        (np.full((1, 1, 1, 2, 2), np.nan), ["a", "b"], "NaN"),
-        (
-            np.array([[[[[1.5, -0.5], [0.5, 0.5]]]]]),
-            ["a", "b"],
-            r"in \[0, 1\]",
-        ),
-        (np.full((1, 1, 1, 2, 2), 0.5), "ab", "list of strings"),
-        (np.full((2, 1, 1, 2, 2), 0.5), ["a", "b"], "1 lists of tokens"),
-        (
-            [np.full((1, 1, 1, 1), 1.0), np.full((1, 2, 1, 1), 1.0)],
-            [["a"], ["b"]],
-            "differ in layers or heads",
-        ),
-    ],
-)
-def test_bad_input_raises_a_named_value_error(weights, tokens, message):
-    with pytest.raises(ValueError, match=message):
-        attention_explorer(weights, tokens)
 
 
 def test_plotly_ships_with_the_site_and_only_where_needed(built_site):
