@@ -142,3 +142,12 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# Mutation run (issue 31): each bug listed in tools/mutants/*.toml (a file per
+# chapter or module) planted in a
+# scratch copy of the book, one at a time; the tests/ of its chapter (of every
+# chapter using it, for a shared module) must catch it. Minutes, so not part
+# of `make test`. ONLY=id-or-prefix runs some; JOBS=N runs N at a time.
+.PHONY: mutants
+mutants: $(STAMP)
+	$(BIN)/python tools/mutants.py --jobs $(JOBS) $(if $(ONLY),--only $(ONLY))

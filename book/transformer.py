@@ -1,9 +1,9 @@
 """The book's Transformer block, shared by the chapters that build on it.
 
 Chapter 6 builds multi-head self-attention, sinusoidal and rotary positions
-and a pre-norm encoder block; that code is here under chapter 6's names and
-with its behaviour. Chapter 10 extends it with what a text generator needs,
-each extension off by default so that chapter 6's classes are unchanged:
+and a pre-norm encoder block; it imports that code from here and prints it.
+Chapter 10 extends it with what a text generator needs, each extension off
+by default so that chapter 6's classes are unchanged:
 
 - `G` key/value heads shared by groups of the `H` query heads (grouped-query
   attention; `G = 1` is multi-query attention, `G = H` chapter 6's);
@@ -22,7 +22,7 @@ from torch import nn
 
 
 def attend(Q, K, V, mask=None):
-    """softmax(Q K^T / sqrt(d_h)) V on the last two axes; (outputs, weights)."""
+    """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights)."""
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T, T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -81,7 +81,7 @@ class KVCache:
         self.K = self.V = self.pos = None
 
     def update(self, K, V):
-        """Add the keys and values (B, G, T, d_h) of the next T tokens.
+        """Add the keys and values (B, G, T, d_k) of the next T tokens.
 
         Returns the keys, values and positions a query of these tokens may
         need: everything cached before them followed by them.
@@ -106,10 +106,10 @@ class KVCache:
 
     def start(self, K):
         """Empty tensors shaped like K: no slots, or w empty slots (-1)."""
-        B, G, _, d_h = K.shape
+        B, G, _, d_k = K.shape
         n = 0 if self.w is None else self.w
-        self.K = K.new_zeros(B, G, n, d_h)
-        self.V = K.new_zeros(B, G, n, d_h)
+        self.K = K.new_zeros(B, G, n, d_k)
+        self.V = K.new_zeros(B, G, n, d_k)
         self.pos = torch.full((n,), -1, dtype=torch.long)
 
     def nbytes(self):
@@ -134,23 +134,23 @@ class SelfAttention(nn.Module):
         check_window(w)
         if w is not None and not causal:
             raise ValueError("a window w needs causal=True")
-        self.H, self.G, self.d_h = H, G, d // H
+        self.H, self.G, self.d_k = H, G, d // H
         self.causal, self.w = causal, w
-        # [W_Q | W_K | W_V] and biases: d + 2 G d_h outputs, 3 d when G = H
-        self.in_proj = nn.Linear(d, d + 2 * G * self.d_h)
+        # [W_Q | W_K | W_V] and biases: d + 2 G d_k outputs, 3 d when G = H
+        self.in_proj = nn.Linear(d, d + 2 * G * self.d_k)
         self.out_proj = nn.Linear(d, d)  # W_O and b_O
 
     def heads(self, x, start=0):
-        """Queries (B, H, T, d_h), keys and values (B, G, T, d_h) of x.
+        """Queries (B, H, T, d_k), keys and values (B, G, T, d_k) of x.
 
         `start` is the position of x's first token (used by rotary heads).
         """
         B, T, _ = x.shape
         q, kv = self.in_proj(x).split(
-            [self.H * self.d_h, 2 * self.G * self.d_h], dim=-1
+            [self.H * self.d_k, 2 * self.G * self.d_k], dim=-1
         )
-        Q = q.view(B, T, self.H, self.d_h).transpose(1, 2)
-        K, V = kv.view(B, T, 2, self.G, self.d_h).permute(2, 0, 3, 1, 4)
+        Q = q.view(B, T, self.H, self.d_k).transpose(1, 2)
+        K, V = kv.view(B, T, 2, self.G, self.d_k).permute(2, 0, 3, 1, 4)
         return Q, K, V
 
     def forward(self, x, mask=None, cache=None):
@@ -168,9 +168,9 @@ class SelfAttention(nn.Module):
         if self.G != self.H:  # each key/value head serves H / G query heads
             K = K.repeat_interleave(self.H // self.G, dim=1)
             V = V.repeat_interleave(self.H // self.G, dim=1)
-        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_h)
-        B, H, T, d_h = out.shape
-        out = out.transpose(1, 2).reshape(B, T, H * d_h)  # merge the heads
+        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k)
+        B, H, T, d_k = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out), weights
 
 
@@ -190,19 +190,19 @@ def sinusoidal_encoding(T, d, dtype=torch.float64):
 
 
 def rotary(x, positions=None):
-    """Rotate each pair of the last axis of x (..., T, d_h) by its position."""
-    T, d_h = check_rotary(x, positions)
+    """Rotate each pair of the last axis of x (..., T, d_k) by its position."""
+    T, d_k = check_rotary(x, positions)
     if positions is None:
         positions = torch.arange(T)
-    angles = positions.to(x.dtype)[:, None] * frequencies(d_h, x.dtype)
-    cos, sin = angles.cos(), angles.sin()  # (T, d_h / 2)
+    angles = positions.to(x.dtype)[:, None] * frequencies(d_k, x.dtype)
+    cos, sin = angles.cos(), angles.sin()  # (T, d_k / 2)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # first and second of each pair
     rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return rotated.flatten(-2)  # pairs back in place: (..., T, d_h)
+    return rotated.flatten(-2)  # pairs back in place: (..., T, d_k)
 
 
 def check_rotary(x, positions):
-    """Raise ValueError unless x is (..., T, d_h) with d_h even; (T, d_h)."""
+    """Raise ValueError unless x is (..., T, d_k) with d_k even; (T, d_k)."""
     if x.dim() < 2 or x.shape[-1] % 2 != 0:
         raise ValueError(
             f"rotary positions rotate pairs: the last axis (head size) must "
@@ -221,13 +221,13 @@ class RotarySelfAttention(SelfAttention):
 
     def __init__(self, d, H, G=None, causal=False, w=None):
         super().__init__(d, H, G, causal, w)
-        if self.d_h % 2 != 0:
+        if self.d_k % 2 != 0:
             raise ValueError(
-                f"rotary positions need an even head size, got d_h={self.d_h}"
+                f"rotary positions need an even head size, got d_k={self.d_k}"
             )
 
     def heads(self, x, start=0):
-        Q, K, V = super().heads(x)  # Q (B, H, T, d_h), K and V (B, G, T, d_h)
+        Q, K, V = super().heads(x)  # Q (B, H, T, d_k), K and V (B, G, T, d_k)
         positions = torch.arange(start, start + x.shape[1])
         return rotary(Q, positions), rotary(K, positions), V
 

@@ -1,14 +1,21 @@
 """Chapter 6 (positions): the attention module, the three kinds of
-positions, the pre-norm block and the forward-fill model of the notebook."""
+positions, the pre-norm block and the forward-fill model of the notebook.
+The attention, positions and block live in book/transformer.py, which the
+chapter imports and prints (chapter 10 reuses them)."""
 
+import ast
+import inspect
+import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_chapter
+from conftest import BOOK, load_chapter
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
+import transformer
 
 ATOL = 1e-6  # float32, as in the chapter
 # the whole block (two LayerNorms, a 30-wide FFN) on random shapes: outputs
@@ -27,6 +34,19 @@ SHAPES = [
     (3, 8, 64, 8),
 ]
 MASKS = [None, "causal", "padding", "causal+padding", "random"]
+# what the chapter teaches and imports from book/transformer.py
+SHARED = (
+    "attend",
+    "check_heads",
+    "SelfAttention",
+    "frequencies",
+    "sinusoidal_encoding",
+    "rotary",
+    "check_rotary",
+    "RotarySelfAttention",
+    "EncoderBlock",
+    "combine_masks",
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +87,59 @@ def make_masks(kind, B, T, H, gen):
         )
     torch_pad = None if padding is None else ~padding
     return (mask, padding), (torch_mask, torch_pad)
+
+
+def code_cells():
+    """(index, source, outputs) of every code cell of the chapter."""
+    cells = json.loads((BOOK / "06_positions.ipynb").read_text("utf-8"))
+    return [
+        (i, "".join(c["source"]), c.get("outputs", []))
+        for i, c in enumerate(cells["cells"])
+        if c["cell_type"] == "code"
+    ]
+
+
+# ---------------------------------------------------------------- one source
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_chapter_names_are_the_module_objects(ch, name):
+    assert getattr(ch, name) is getattr(transformer, name)
+
+
+def test_no_cell_defines_the_module_names_again():
+    for i, source, _ in code_cells():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                assert node.name not in SHARED, (i, node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = getattr(node, "targets", None) or [node.target]
+                names = {t.id for t in targets if isinstance(t, ast.Name)}
+                assert not names & set(SHARED), (i, names)
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_chapter_prints_the_module_source(name):
+    """Each shared piece is shown where it is taught: a cell prints its
+    source, and the stored output is the module's current source."""
+    source = inspect.getsource(getattr(transformer, name))
+    shown = [
+        "".join(
+            "".join(o["text"]) for o in outputs if o.get("name") == "stdout"
+        )
+        for _, code, outputs in code_cells()
+        if f"inspect.getsource({name})" in code
+    ]
+    assert len(shown) == 1, name
+    assert source in shown[0], f"{name}: stored output differs from module"
+
+
+def test_source_check_sees_a_stale_output(monkeypatch):
+    """The check above can fail: a module changed after `make outputs`."""
+    stale = "def attend(Q, K, V, mask=None):\n    return None\n"
+    monkeypatch.setattr(inspect, "getsource", lambda obj: stale)
+    with pytest.raises(AssertionError, match="stored output differs"):
+        test_chapter_prints_the_module_source("attend")
 
 
 # ---------------------------------------------------------------- attention

@@ -1,6 +1,6 @@
-"""Chapter 10: the shared block equals chapter 6's; the KV cache changes no
-token; grouped-query attention equals PyTorch's fused kernel and its special
-cases; the sliding window and its rolling cache; bad inputs."""
+"""Chapter 10: the shared block with a causal mask equals PyTorch's; the KV
+cache changes no token; grouped-query attention equals PyTorch's fused kernel
+and its special cases; the sliding window and its rolling cache; bad inputs."""
 
 import pytest
 import torch
@@ -13,11 +13,6 @@ ch10 = load_chapter("10_inference.ipynb")
 import transformer  # noqa: E402  (book/, put on the path by the loader)
 
 
-@pytest.fixture(scope="module")
-def ch06():
-    return load_chapter("06_positions.ipynb")
-
-
 def small_gpt(G=None, w=None, seed=0):
     """An untrained float64 GPT of the chapter's class (vocab 11)."""
     torch.manual_seed(seed)
@@ -26,23 +21,51 @@ def small_gpt(G=None, w=None, seed=0):
     return model.double().eval()
 
 
-@pytest.mark.parametrize("rotary", [False, True])
-def test_block_equals_chapter6(ch06, rotary):
+def torch_layer(block):
+    """nn.TransformerEncoderLayer (pre-norm) holding the block's weights."""
+    d, d_ff = block.linear1.in_features, block.linear1.out_features
+    layer = nn.TransformerEncoderLayer(
+        d,
+        block.self_attn.H,
+        d_ff,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=True,
+    )
+    layer.load_state_dict(
+        {
+            k.replace("in_proj.", "in_proj_"): v
+            for k, v in block.state_dict().items()
+        }
+    )
+    return layer.eval()
+
+
+def test_causal_block_equals_torch_layer():
+    """The shared block (chapter 6's, tested there against PyTorch without
+    options) with causal=True equals PyTorch's pre-norm layer with a causal
+    mask, and the rotary decoder block equals the rotary encoder block given
+    that mask explicitly."""
     torch.manual_seed(0)
-    theirs = ch06.EncoderBlock(32, 4, 64, rotary=rotary).eval()
-    ours = transformer.EncoderBlock(32, 4, 64, rotary=rotary).eval()
-    ours.load_state_dict(theirs.state_dict())
+    block = transformer.EncoderBlock(32, 4, 64, causal=True).eval()
+    with torch.no_grad():
+        for norm in (block.norm1, block.norm2):
+            norm.weight.normal_(1, 0.1), norm.bias.normal_(0, 0.1)
     x = torch.randn(3, 7, 32)
-    mask = torch.rand(7, 7) > 0.3
-    mask.fill_diagonal_(True)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
     padding = torch.ones(3, 7, dtype=torch.bool)
     padding[0, 5:] = False
     with torch.no_grad():
-        for kwargs in ({}, {"mask": mask}, {"padding_mask": padding}):
-            z_ours, w_ours = ours(x, return_weights=True, **kwargs)
-            z_theirs, w_theirs = theirs(x, return_weights=True, **kwargs)
-            assert_close(z_ours, z_theirs, rtol=0, atol=1e-6)
-            assert_close(w_ours, w_theirs, rtol=0, atol=1e-6)
+        theirs = torch_layer(block)(x, src_mask=~causal)
+        assert_close(block(x), theirs, rtol=0, atol=1e-6)
+        theirs = torch_layer(block)(
+            x, src_mask=~causal, src_key_padding_mask=~padding
+        )
+        assert_close(block(x, padding_mask=padding), theirs, rtol=0, atol=1e-6)
+        decoder = transformer.DecoderBlock(32, 4, 64).eval()
+        encoder = transformer.EncoderBlock(32, 4, 64, rotary=True).eval()
+        encoder.load_state_dict(decoder.state_dict())
+        assert_close(decoder(x), encoder(x, causal), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("G, w", [(None, None), (2, None), (1, 3)])
