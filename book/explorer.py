@@ -31,7 +31,12 @@ import numpy as np
 
 PRECISION = 3
 
-__all__ = ["PRECISION", "AttentionExplorer", "attention_explorer"]
+__all__ = [
+    "PRECISION",
+    "AttentionExplorer",
+    "attention_explorer",
+    "distance_to_tie",
+]
 
 
 def _as_array(x, what):
@@ -210,6 +215,30 @@ def attention_explorer(
             }
         )
     return AttentionExplorer(data)
+
+
+def distance_to_tie(weights, precision=PRECISION):
+    """The smallest distance from any weight to a rounding tie at `precision`
+    decimals (a number whose next decimal is a 5 followed by zeros).
+
+    The page stores the weights rounded: a weight this far from a tie rounds
+    to the same digits on a processor whose last bits differ by less. Takes
+    an array (or tensor) of any shape, or a list of them.
+    """
+    if isinstance(weights, list | tuple):
+        if not weights:
+            raise ValueError("weights hold no array")
+        flat = np.concatenate(
+            [_as_array(w, "weights").ravel() for w in weights]
+        )
+    else:
+        flat = _as_array(weights, "weights").ravel()
+    if flat.size == 0 or not np.isfinite(flat).all():
+        raise ValueError("weights are empty or hold NaN or inf")
+    if not isinstance(precision, int) or not 1 <= precision <= 8:
+        raise ValueError(f"precision must be an int from 1 to 8: {precision}")
+    scaled = flat * 10.0**precision
+    return float(np.abs(scaled - np.floor(scaled) - 0.5).min()) / 10**precision
 
 
 _TEMPLATE = """\

@@ -12,7 +12,7 @@ import pytest
 from conftest import BOOK
 
 sys.path.insert(0, str(BOOK))
-from explorer import PRECISION, attention_explorer
+from explorer import PRECISION, attention_explorer, distance_to_tie
 
 EXPLORER = re.compile(
     r'<div class="attention-explorer" id="(attention-explorer-[0-9a-f]+)">'
@@ -170,3 +170,25 @@ def test_html_escapes_the_title_and_the_tokens():
     assert len(found) == 1 and json.loads(found[0][1]) == ex.data
     assert ex.data["sequences"][0]["queries"] == tokens
     assert page.count("</script>") == 2  # the JSON block's and the script's
+
+
+def test_distance_to_tie_against_decimal_rounding():
+    """The distance to the nearest rounding tie, checked against an
+    independent reference: the midpoints k + 1/2 (in units of the last kept
+    decimal) listed explicitly, and Python's round on numbers near a tie."""
+    w = np.array([[0.1234, 0.4996], [0.0, 0.2503]])
+    ties = (np.arange(0, 1001) + 0.5) / 1000  # every tie at 3 decimals
+    expected = np.abs(w.ravel()[:, None] - ties).min()
+    assert np.isclose(distance_to_tie(w, 3), expected, rtol=0, atol=1e-15)
+    assert np.isclose(distance_to_tie(w, 3), 0.0001, rtol=0, atol=1e-12)
+    assert np.isclose(distance_to_tie([w[:1], w[1:]], 2), 0.0016, atol=1e-12)
+    assert np.isclose(distance_to_tie(np.array([0.5]), 2), 0.005, atol=1e-15)
+    # a weight closer than the distance to a tie rounds the same either side
+    x, d = 0.2346, distance_to_tie(np.array([0.2346]), 3)
+    assert round(x - 0.9 * d, 3) == round(x + 0.9 * d, 3)
+    with pytest.raises(ValueError, match="precision"):
+        distance_to_tie(w, 0)
+    with pytest.raises(ValueError, match="NaN"):
+        distance_to_tie(np.array([np.nan]), 3)
+    with pytest.raises(ValueError, match="no array"):
+        distance_to_tie([], 3)
