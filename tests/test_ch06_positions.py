@@ -581,8 +581,8 @@ def test_fully_masked_row_is_refused_not_nan(ch):
 
 
 def test_rotary_attention_rotates_queries_and_keys_not_values(ch):
-    """ "It rotates each query and each key ... The values are not rotated":
-    RotarySelfAttention is SelfAttention with Q and K rotated by Llama's
+    """The text: "It rotates each query and each key"; "The values are not
+    rotated". RotarySelfAttention is SelfAttention with Q and K rotated by Llama's
     complex form of RoPE (written here, not the module's `rotary`)."""
     gen = torch.Generator().manual_seed(21)
     torch.manual_seed(21)
@@ -623,8 +623,9 @@ def small_model(ch, scheme, max_len=10):
 
 @pytest.mark.parametrize("scheme", ["none", "sinusoidal", "learned", "rotary"])
 def test_fill_model_is_embedding_positions_block_layernorm_readout(ch, scheme):
-    """ "a token embedding, positions, one pre-norm block with one head, a
-    final LayerNorm and a linear readout", written out with F.layer_norm."""
+    """The model of the text: a token embedding, positions, one pre-norm
+    block, a final LayerNorm and a linear readout, written out here with
+    F.layer_norm and F.linear."""
     model = small_model(ch, scheme)
     assert type(model.norm) is torch.nn.LayerNorm
     assert model.norm.normalized_shape == (8,) and model.norm.eps == 1e-5
@@ -682,10 +683,9 @@ class Recorder(torch.nn.Module):
         return logits
 
 
-def test_train_defaults_are_the_texts():
-    """ "800 batches of 64 strings, with lengths drawn from 8 to 16, with Adam
-    and a learning rate that decays linearly from 3e-3 to 0"."""
-    ch = load_chapter("06_positions.ipynb")
+def test_train_defaults_are_the_texts(ch):
+    """The text: 800 batches of 64 strings, with lengths drawn from 8 to 16,
+    and a learning rate that decays linearly from 3e-3 to 0."""
     defaults = {
         name: p.default
         for name, p in inspect.signature(ch.train).parameters.items()
