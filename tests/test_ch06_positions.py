@@ -128,30 +128,6 @@ def test_no_cell_defines_the_module_names_again():
                 assert not names & set(SHARED), (i, names)
 
 
-@pytest.mark.parametrize("name", SHARED)
-def test_chapter_prints_the_module_source(name):
-    """Each shared piece is shown where it is taught: a cell prints its
-    source, and the stored output is the module's current source."""
-    source = inspect.getsource(getattr(transformer, name))
-    shown = [
-        "".join(
-            "".join(o["text"]) for o in outputs if o.get("name") == "stdout"
-        )
-        for _, code, outputs in code_cells()
-        if f"inspect.getsource({name})" in code
-    ]
-    assert len(shown) == 1, name
-    assert source in shown[0], f"{name}: stored output differs from module"
-
-
-def test_source_check_sees_a_stale_output(monkeypatch):
-    """The check above can fail: a module changed after `make outputs`."""
-    stale = "def attend(Q, K, V, mask=None):\n    return None\n"
-    monkeypatch.setattr(inspect, "getsource", lambda obj: stale)
-    with pytest.raises(AssertionError, match="stored output differs"):
-        test_chapter_prints_the_module_source("attend")
-
-
 # ---------------------------------------------------------------- attention
 
 
@@ -754,3 +730,33 @@ def test_row_scale_check_fails_beyond_its_bound():
         assert_close_to_row_scale(
             theirs + torch.tensor([1e-4, 0.0]), theirs, 4
         )
+
+
+# ------------------------------------------------ the printed source, last
+# These fail on any edit of book/transformer.py until `make outputs`; they
+# come last so that `make mutants` (pytest -x) names the behavioural test
+# that catches a planted bug in the module, not this one.
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_chapter_prints_the_module_source(name):
+    """Each shared piece is shown where it is taught: a cell prints its
+    source, and the stored output is the module's current source."""
+    source = inspect.getsource(getattr(transformer, name))
+    shown = [
+        "".join(
+            "".join(o["text"]) for o in outputs if o.get("name") == "stdout"
+        )
+        for _, code, outputs in code_cells()
+        if f"inspect.getsource({name})" in code
+    ]
+    assert len(shown) == 1, name
+    assert source in shown[0], f"{name}: stored output differs from module"
+
+
+def test_source_check_sees_a_stale_output(monkeypatch):
+    """The check above can fail: a module changed after `make outputs`."""
+    stale = "def attend(Q, K, V, mask=None):\n    return None\n"
+    monkeypatch.setattr(inspect, "getsource", lambda obj: stale)
+    with pytest.raises(AssertionError, match="stored output differs"):
+        test_chapter_prints_the_module_source("attend")
