@@ -260,3 +260,64 @@ def test_the_posts_r_code_is_shown_unrun():
     chunks = re.findall(r"```r\n(.*?)```", text, flags=re.S)
     assert len(chunks) == 3
     assert all(chunk.startswith("#| eval: false\n") for chunk in chunks)
+
+
+# --- What the text states about the mask helpers (issue 31) -------------------
+
+
+def test_mask_helpers_refuse_bad_sizes(ch04):
+    """causal_mask needs positive sizes for both axes; padding_mask lengths in
+    [0, T], one per row; to_additive a boolean mask (an integer 0/1 mask
+    would be negated bitwise, silently)."""
+    for sizes in ((3, 0), (0, 3), (0,)):
+        with pytest.raises(ValueError, match="positive sizes"):
+            ch04.causal_mask(*sizes)
+    for lengths in ([6], [3, 6], [-1, 2], [[1, 2]]):
+        with pytest.raises(ValueError, match=r"lengths must be .* \[0, 5\]"):
+            ch04.padding_mask(lengths, 5)
+    assert torch.equal(ch04.padding_mask([5, 0], 5)[0], torch.ones(5).bool())
+    for dtype in (torch.int64, torch.uint8, torch.float64):
+        with pytest.raises(ValueError, match="boolean mask"):
+            ch04.to_additive(torch.ones(2, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_additive_mask_dtype_and_values(ch04, dtype):
+    keep = ch04.causal_mask(4)
+    add = ch04.to_additive(keep, dtype=dtype)
+    assert add.dtype == dtype
+    assert (add[keep] == 0).all() and torch.isneginf(add[~keep]).all()
+    # PyTorch's own additive causal mask
+    expected = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    assert torch.equal(add.float(), expected)
+
+
+def test_draw_masks_hatches_future_and_padding_keys(ch04):
+    r"""The figure: a key hidden by the causal mask hatched \, by padding /,
+    at row i (query) and column j (key)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        causal = ch04.causal_mask(4)
+        padding = torch.tensor([True, True, True, False]).expand(4, 4)
+        ch04.draw_masks(
+            ax, (0.0, 0.0), causal, padding, list("abcd"), "t", 1.0
+        )
+        hatched = {}
+        for patch in ax.patches:
+            if patch.get_hatch():
+                x, y = patch.get_xy()
+                hatched[(round(-y) - 1, round(x))] = patch.get_hatch()
+    finally:
+        plt.close(fig)
+    expected = {
+        (i, j): "\\\\" * (j > i) + "//" * (j == 3)
+        for i in range(4)
+        for j in range(4)
+        if j > i or j == 3
+    }
+    assert hatched == expected

@@ -607,3 +607,11 @@ def test_the_posts_r_code_is_shown_unrun():
     assert len(chunks) == 4
     assert all(chunk.startswith("#| eval: false\n") for chunk in chunks)
     assert sum("nn_module" in chunk for chunk in chunks) == 2
+
+
+def test_count_parameters_counts_trainable_numbers_only(ch05):
+    """The text: "Number of trainable numbers in a module"."""
+    module = ch05.MultiHeadAttention(8, 2)
+    assert ch05.count_parameters(module) == 4 * 8 * 8 + 8
+    module.output_linear.requires_grad_(False)  # W_O and b_O frozen
+    assert ch05.count_parameters(module) == 3 * 8 * 8
