@@ -5,6 +5,7 @@ of chapter code and source numbers."""
 
 import json
 import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -51,6 +52,16 @@ def pytest_collection_modifyitems(config, items):
         return known.get(key, default)
 
     items.sort(key=cost, reverse=True)
+
+
+def r_chunks(notebook):
+    """The R code blocks (```r ... ```) of a chapter's markdown cells: the
+    source's R code that chapters 3 to 5 show beside their Python."""
+    cells = json.loads((BOOK / notebook).read_text(encoding="utf-8"))["cells"]
+    text = "".join(
+        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+    )
+    return re.findall(r"```r\n(.*?)```", text, flags=re.S)
 
 
 def require_system_tool(found, what, install):

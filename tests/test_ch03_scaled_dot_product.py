@@ -7,13 +7,11 @@ post's Q, K and V are the chapter's own tensors (every cell run once). The
 module is loaded from its path, book/attention.py."""
 
 import importlib.util
-import json
-import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BOOK, load_chapter
+from conftest import BOOK, load_chapter, r_chunks
 from torch.testing import assert_close
 
 NOTEBOOK = "03_scaled_dot_product.ipynb"
@@ -283,11 +281,7 @@ def test_bad_values_raise(ch03):
 
 def test_the_posts_r_code_is_shown_unrun():
     """The post's seven R chunks for these steps, each `eval: false`."""
-    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
-    text = "".join(
-        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
-    )
-    chunks = re.findall(r"```r\n(.*?)```", text, flags=re.S)
+    chunks = r_chunks(NOTEBOOK)
     assert len(chunks) == 7
     assert all(chunk.startswith("#| eval: false\n") for chunk in chunks)
 

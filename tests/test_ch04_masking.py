@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BOOK, load_chapter
+from conftest import BOOK, load_chapter, r_chunks
 from torch.testing import assert_close
 
 NOTEBOOK = "04_masking.ipynb"
@@ -253,11 +253,7 @@ def test_one_attention_function(ch04):
 
 def test_the_posts_r_code_is_shown_unrun():
     """The post's three R chunks for the mask, each `eval: false`."""
-    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
-    text = "".join(
-        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
-    )
-    chunks = re.findall(r"```r\n(.*?)```", text, flags=re.S)
+    chunks = r_chunks(NOTEBOOK)
     assert len(chunks) == 3
     assert all(chunk.startswith("#| eval: false\n") for chunk in chunks)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import BOOK, load_chapter
+from conftest import BOOK, load_chapter, r_chunks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -599,11 +599,7 @@ def test_one_attention_function(ch05):
 
 def test_the_posts_r_code_is_shown_unrun():
     """The post's four R chunks (two modules, two examples), `eval: false`."""
-    cells = json.loads((BOOK / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
-    text = "".join(
-        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
-    )
-    chunks = re.findall(r"```r\n(.*?)```", text, flags=re.S)
+    chunks = r_chunks(NOTEBOOK)
     assert len(chunks) == 4
     assert all(chunk.startswith("#| eval: false\n") for chunk in chunks)
     assert sum("nn_module" in chunk for chunk in chunks) == 2
