@@ -20,9 +20,7 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import unicodedata
 from pathlib import Path
@@ -32,6 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import site_browser  # noqa: E402
+from build_site import run_jupyter_book  # noqa: E402
 
 WORK = ROOT / "_build" / "pdf"
 SINGLE = WORK / "_build" / "singlehtml"
@@ -149,24 +148,9 @@ def build_single_html():
     """Jupyter Book's singlehtml build from the stored outputs; returns the
     path of the one page."""
     shutil.rmtree(WORK, ignore_errors=True)
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    config["execute"]["execute_notebooks"] = "off"
-    extensions = config["sphinx"]["local_extensions"]
-    for name, folder in extensions.items():
-        extensions[name] = str(ROOT / folder)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "_config.yml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        jb = Path(sys.executable).parent / "jupyter-book"
-        result = subprocess.run(
-            [str(jb), "build", str(ROOT), "--config", str(path)]
-            + ["--builder", "singlehtml", "--path-output", str(WORK)]
-            + ["-W", "-n", "--keep-going"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
+    result = run_jupyter_book(
+        ["--builder", "singlehtml", "--path-output", str(WORK)], timeout=1200
+    )
     if result.returncode != 0:
         print((result.stdout + result.stderr)[-6000:])
         raise SystemExit("build_pdf: the single-page HTML build failed")

@@ -29,6 +29,31 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "_build" / "site-build.json"
 
 
+def run_jupyter_book(args, execute=False, timeout=3600):
+    """`jupyter-book build` of the book with `args` added, warnings as
+    errors, from the stored outputs unless `execute` (then with Jupyter
+    Book's cache). The one place that writes the build's configuration:
+    _config.yml with the execution mode set and its extension paths made
+    absolute (the configuration file moves to a temporary folder)."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    config["execute"]["execute_notebooks"] = "cache" if execute else "off"
+    extensions = config["sphinx"]["local_extensions"]
+    for name, folder in extensions.items():
+        extensions[name] = str(ROOT / folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "_config.yml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        jb = Path(sys.executable).parent / "jupyter-book"
+        return subprocess.run(
+            [str(jb), "build", str(ROOT), "--config", str(path), *args]
+            + ["-W", "-n", "--keep-going"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
 def build(builder="html", execute=False):
     """Run a fresh build; return (returncode, log) and record them.
 
@@ -39,24 +64,9 @@ def build(builder="html", execute=False):
     """
     for folder in ("html", ".doctrees"):
         shutil.rmtree(ROOT / "_build" / folder, ignore_errors=True)
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    config["execute"]["execute_notebooks"] = "cache" if execute else "off"
-    # the configuration file moves: make its relative paths absolute
-    extensions = config["sphinx"]["local_extensions"]
-    for name, folder in extensions.items():
-        extensions[name] = str(ROOT / folder)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "_config.yml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        jb = Path(sys.executable).parent / "jupyter-book"
-        result = subprocess.run(
-            [str(jb), "build", str(ROOT), "--config", str(path)]
-            + ["--builder", builder, "-W", "-n", "--keep-going"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
+    result = run_jupyter_book(
+        ["--builder", builder], execute=execute, timeout=3600
+    )
     log = result.stdout + result.stderr
     if builder != "html":
         return result.returncode, log
