@@ -7,6 +7,7 @@ Chromium, or without a PDF as new as the book's sources, the tests are
 skipped with the reason and what to run; under CI (`CI=true`) they fail.
 """
 
+import collections
 import json
 import os
 import re
@@ -184,3 +185,73 @@ def test_no_math_left_as_tex(pdf):
         "\\exp",
     ):
         assert text.count(marker) <= code.count(marker), marker
+
+
+TAB_LABEL = re.compile(r"^:::+\{tab-item\}\s*(.+?)\s*$", re.M)
+
+
+def notebook_cells():
+    for path in toc_documents():
+        if path.suffix == ".ipynb":
+            yield from nbformat.read(path, as_version=4).cells
+
+
+def tab_code_blocks():
+    """The code blocks inside the pages' tabs (squeezed)."""
+    blocks = []
+    for cell in notebook_cells():
+        if cell.cell_type == "markdown" and "{tab-item}" in cell.source:
+            blocks += [
+                squeeze(b)
+                for b in re.findall(r"```\w*\n(.*?)```", cell.source, re.S)
+            ]
+    return blocks
+
+
+def test_every_tab_printed_once_under_its_label(pdf):
+    """Print has no tabs to click: each tab's content appears, under a line
+    of its own that names its language, as often as the pages have tabs."""
+    _, texts = pdf
+    lines = [line.strip() for t in texts for line in t.splitlines()]
+    labels = collections.Counter(
+        label
+        for cell in notebook_cells()
+        if cell.cell_type == "markdown"
+        for label in TAB_LABEL.findall(cell.source)
+    )
+    assert sum(labels.values()) >= 20, labels
+    for label, count in labels.items():
+        assert lines.count(label) == count, label
+
+
+def test_no_toggle_label_and_no_code_printed_twice(pdf):
+    """Collapsed cells print open and without their "Show/Hide code cell"
+    labels; a hidden code cell whose code a tab shows is not printed again."""
+    _, texts = pdf
+    text = "\n".join(texts)
+    for label in ("Hide code cell", "Show code cell", "Toggle hidden"):
+        assert label not in text, label
+    body = squeeze(text)
+    in_tabs = tab_code_blocks()
+    twins, shown = [], []
+    for cell in notebook_cells():
+        hidden = "hide-input" in cell.metadata.get("tags", [])
+        if (
+            cell.cell_type == "code"
+            and hidden
+            and squeeze(cell.source) in in_tabs
+        ):
+            twins.append(cell.source)
+        else:
+            shown.append(cell.source)
+        for out in cell.get("outputs", []):
+            shown.append(str(out.get("text", "")))
+            shown.append(str(out.get("data", {}).get("text/plain", "")))
+    shown = squeeze("\n".join(shown))
+    assert len(twins) >= 10
+    for code in twins:
+        # the start of its longest line: a page break may split the block,
+        # and the page may wrap a long line
+        lines = [c.split("#")[0] for c in code.splitlines()]
+        line = squeeze(max(lines, key=len))[:30]
+        assert 1 <= body.count(line) <= shown.count(line), line

@@ -6,8 +6,10 @@
 2. Debian's Chromium (driven by Playwright, as in the browser test; no
    network: every request that would leave the machine is blocked) opens it,
    waits for the offline MathJax the site ships to typeset the math, adds a
-   title page and a table of contents, opens collapsed solutions and every
-   tab, and prints it to PDF with page numbers and a bookmark outline.
+   title page and a table of contents, opens collapsed cells (without their
+   toggle labels) and prints every tab under its own label (a hidden code
+   cell whose code a tab shows is left out, so no code is printed twice),
+   and prints it to PDF with page numbers and a bookmark outline.
    The contents' page numbers are found in the printed PDF (pypdf) and
    stamped onto its contents page: a one-page print of the same layout
    that shows only the numbers, merged onto page 2.
@@ -64,9 +66,13 @@ div.cell, .cell_output, pre, img, figure, table, mjx-container[display] {
   break-inside: avoid; }
 img { max-width: 100% !important; height: auto !important; }
 mjx-container { overflow: visible !important; }
-.sd-tab-set > .sd-tab-content { display: block !important; }
-.sd-tab-set > label { display: block !important; font-weight: bold;
-  border: none !important; padding: 0.4em 0 0 0 !important; }
+/* tabs: every tab's content, each under its own label (PREPARE copies the
+   labels into the contents); no toggle labels: collapsed cells are open */
+.sd-tab-set > .sd-tab-content { display: block !important; width: 100%;
+  break-inside: avoid; }
+.sd-tab-set > label, details > summary { display: none !important; }
+.pdf-tab-label { font-weight: bold; margin: 0.6em 0 0.2em 0;
+  break-after: avoid; }
 .book-chapter { break-before: page; }
 h1, h2, h3 { break-after: avoid; }
 #pdf-title { display: block !important; padding-top: 80mm;
@@ -85,10 +91,29 @@ h1, h2, h3 { break-after: avoid; }
 """
 
 # Runs in the page: marks each chapter (a document of the single page),
-# opens collapsed cells, adds the title page and the contents. Returns the
+# opens collapsed cells, labels every tab, drops hidden code cells that a tab
+# already shows, adds the title page and the contents. Returns the
 # chapters' titles, in order.
 PREPARE = """([title, subtitle]) => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
+  // each tab's label above its own content
+  document.querySelectorAll('.sd-tab-set > label').forEach(label => {
+    const content = document.getElementById(label.htmlFor + '-content');
+    if (!content || content.querySelector(':scope > .pdf-tab-label')) { return; }
+    const name = document.createElement('p');
+    name.className = 'pdf-tab-label';
+    name.textContent = label.textContent.trim();
+    content.prepend(name);
+  });
+  // a hidden code cell whose code a tab already shows is printed once
+  const norm = t => t.replace(/\\s+/g, ' ').trim();
+  const inTabs = new Set(Array.from(
+    document.querySelectorAll('.sd-tab-content pre'), p => norm(p.textContent)));
+  document.querySelectorAll('.cell.tag_hide-input').forEach(cell => {
+    const pre = cell.querySelector('.cell_input pre');
+    const box = cell.querySelector('details.above-input');
+    if (pre && box && inTabs.has(norm(pre.textContent))) { box.remove(); }
+  });
   const chapters = [];
   const starts = [document.querySelector('article.bd-article > section')];
   document.querySelectorAll('span[id^="document-"]').forEach(anchor => {
@@ -268,7 +293,9 @@ def build(out=PDF):
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     subtitle = f"{config['author']}, {config['copyright']}"
     with site_browser.browser() as b:
-        page, report = site_browser.open_page(b, html, width=900)
+        page, report = site_browser.open_page(
+            b, html, width=900, timeout=300000
+        )
         typeset = time.monotonic()
         untypeset = page.evaluate(
             "() => Array.from(document.querySelectorAll('div.math, span.math'))"

@@ -68,9 +68,11 @@ def browser():
             b.close()
 
 
-def open_page(b, path, dark=False, width=1280, height=900):
+def open_page(b, path, dark=False, width=1280, height=900, timeout=30000):
     """Open one built page; return (page, report) where report collects the
-    console errors and the requests that tried to leave the machine."""
+    console errors and the requests that tried to leave the machine.
+    timeout: milliseconds for the load and for MathJax (the PDF's single
+    page of the whole book needs more on a busy machine)."""
     context = b.new_context(
         viewport={"width": width, "height": height},
         color_scheme="dark" if dark else "light",
@@ -94,13 +96,15 @@ def open_page(b, path, dark=False, width=1280, height=900):
         ),
     )
     page.on("pageerror", lambda e: report["page_errors"].append(str(e)))
-    page.goto(Path(path).resolve().as_uri(), wait_until="load")
+    page.goto(
+        Path(path).resolve().as_uri(), wait_until="load", timeout=timeout
+    )
     # MathJax typesets asynchronously: wait for it when the page has math
     page.wait_for_function(
         "() => !document.querySelector('.math') || "
         "(window.MathJax && MathJax.startup && MathJax.startup.promise && "
         " document.querySelectorAll('mjx-container').length > 0)",
-        timeout=30000,
+        timeout=timeout,
     )
     page.evaluate(
         "() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null"
