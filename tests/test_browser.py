@@ -103,39 +103,50 @@ def test_dark_theme_follows_the_readers_setting(chromium):
         page.context.close()
 
 
-# Which of the elements a locator matches are visible, by Playwright's rule
-# for is_visible() (not hidden by the browser's own check, computed
-# visibility "visible", a non-empty box): one call for all of them.
-VISIBLE = """els => els.map(e => {
-    const box = e.getBoundingClientRect();
-    return e.checkVisibility()
-        && getComputedStyle(e).visibility === 'visible'
-        && box.width > 0 && box.height > 0;
-})"""
+# Playwright's rule for is_visible() (not hidden by the browser's own check,
+# computed visibility "visible", a non-empty box), as a function in the page.
+# TABS_AND_SOLUTIONS clicks, in the page itself (one call, not one round trip
+# per click), each tab label and each collapsed solution's summary, and
+# returns what was visible after each click.
+TABS_AND_SOLUTIONS = """() => {
+    const visible = e => {
+        const box = e.getBoundingClientRect();
+        return e.checkVisibility()
+            && getComputedStyle(e).visibility === 'visible'
+            && box.width > 0 && box.height > 0;
+    };
+    const tabs = Array.from(document.querySelectorAll('.sd-tab-set')).map(set => {
+        const labels = Array.from(set.querySelectorAll(':scope > label'));
+        const panels = Array.from(set.querySelectorAll(':scope > .sd-tab-content'));
+        return {labels: labels.length, panels: panels.length,
+                after: labels.map(l => { l.click(); return panels.map(visible); })};
+    });
+    const details = Array.from(document.querySelectorAll('details.hide.above-input'));
+    const bodies = details.map(d => d.querySelector('.cell_input'));
+    const solutions = details.map(d => {
+        const before = bodies.map(b => b !== null && visible(b));
+        d.querySelector('summary').click();
+        return {before, after: bodies.map(b => b !== null && visible(b))};
+    });
+    return {tabs, solutions};
+}"""
 
 
 def check_tabs_and_collapsed_solutions(page):
     """sphinx-design tabs: clicking each label shows its own panel only;
     collapsed solution cells (tag hide-cell): hidden until clicked, and a
     click opens that one only."""
-    for t in range(page.locator(".sd-tab-set").count()):
-        tab_set = page.locator(".sd-tab-set").nth(t)
-        labels = tab_set.locator(":scope > label")
-        panels = tab_set.locator(":scope > .sd-tab-content")
-        assert labels.count() == panels.count() >= 2
-        for i in range(labels.count()):
-            labels.nth(i).click()
-            visible = panels.evaluate_all(VISIBLE)
+    result = page.evaluate(TABS_AND_SOLUTIONS)
+    for tab_set in result["tabs"]:
+        assert tab_set["labels"] == tab_set["panels"] >= 2
+        for i, visible in enumerate(tab_set["after"]):
             assert visible == [j == i for j in range(len(visible))]
-    details = page.locator("details.hide.above-input")
-    bodies = details.locator(".cell_input")
-    assert bodies.count() == details.count()
-    for k in range(details.count()):
+    for k, solution in enumerate(result["solutions"]):
         # before the click on solution k: solutions 0 .. k-1 open, k closed
-        assert bodies.evaluate_all(VISIBLE)[: k + 1] == [True] * k + [False]
-        details.nth(k).locator("summary").click()
-        visible = bodies.evaluate_all(VISIBLE)
-        assert visible == [j <= k for j in range(len(visible))]
+        assert solution["before"][: k + 1] == [True] * k + [False]
+        assert solution["after"] == [
+            j <= k for j in range(len(solution["after"]))
+        ]
 
 
 DOWNLOAD_MENU = re.compile(
