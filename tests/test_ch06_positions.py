@@ -745,7 +745,10 @@ def test_stored_weights_reach_the_logged_accuracies(ch, stored):
 def test_stored_log_starts_from_the_chapters_models(ch, stored):
     """800 steps per model; the loss of step 0 is that of the chapter's
     freshly initialised model (new_model) on the first batch `train`
-    draws; the learned table's rows 16 to 63 are still new_model's."""
+    draws; the learned table's rows 16 to 63 are still new_model's. (The
+    float32 normal draws of the initialisation differ by a few ulps between
+    PyTorch's CPU kernels, hence tolerances; another seed differs by far
+    more.)"""
     log, weights = stored
     for s in ch.SCHEMES:
         rows = log[log.scheme == s]
@@ -756,9 +759,10 @@ def test_stored_log_starts_from_the_chapters_models(ch, stored):
         blank = x == ch.BLANK
         with torch.no_grad():
             loss = F.cross_entropy(ch.new_model(s)(x)[blank], y[blank])
-        assert abs(rows.loss.iloc[0] - loss.item()) < 1e-12
-    fresh = ch.new_model("learned").positions.weight[16:].detach()
-    assert torch.equal(weights["learned"]["positions.weight"][16:], fresh)
+        assert abs(rows.loss.iloc[0] - loss.item()) < 1e-6
+    fresh = ch.new_model("learned").positions.weight.detach()
+    gap = (weights["learned"]["positions.weight"] - fresh).abs()
+    assert gap[16:].max() < 1e-5 and gap[:16].amax(dim=1).min() > 0.1
 
 
 def test_training_script_runs_the_chapters_code(ch, monkeypatch):
