@@ -134,6 +134,12 @@ bench: $(STAMP)
 train-gpt: $(STAMP)
 	$(BIN)/python tools/train_gpt.py
 
+# Chapter 6's four forward-fill models, trained in full on one thread:
+# weights and log in book/data/ (the chapter loads them).
+.PHONY: train-positions
+train-positions: $(STAMP)
+	$(BIN)/python tools/train_positions.py
+
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).
 bench-suite: $(STAMP)

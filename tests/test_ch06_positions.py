@@ -7,10 +7,13 @@ import ast
 import inspect
 import json
 import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+import train_positions
 from conftest import BOOK, load_chapter
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -703,6 +706,101 @@ def test_make_batch_digit_probability(ch):
     assert abs(is_digit.double().mean().item() - 0.3) < 0.015
     counts = torch.bincount(x[:, 1:][is_digit], minlength=10)
     assert counts.min() > 0.8 * counts.float().mean()
+
+
+# ------------------------------------- the stored training (issue 39)
+# The chapter trains a short run only and loads the four models that
+# `make train-positions` (tools/train_positions.py) trained and stored.
+
+
+@pytest.fixture(scope="module")
+def stored(ch):
+    """The stored log (pandas) and weights ({scheme: state_dict})."""
+    return pd.read_csv(BOOK / ch.LOG), torch.load(BOOK / ch.WEIGHTS)
+
+
+def test_stored_weights_reach_the_logged_accuracies(ch, stored):
+    """Every accuracy the log records (and the chapter prints), recomputed
+    here from the stored weights on the chapter's test sets; no blank's
+    answer is within 1e-7 of a tie between two digits, so rounding that
+    differs between processors cannot change it."""
+    log, weights = stored
+    logged = log.groupby("scheme").last()
+    assert set(weights) == set(logged.index) == set(ch.SCHEMES)
+    for s in ch.SCHEMES:
+        model = ch.new_model(s)
+        model.load_state_dict(weights[s])
+        for T in ch.TEST_LENGTHS:
+            x, y = ch.make_test_set(T)
+            assert x.shape == (1000, T)
+            blank = x == ch.BLANK
+            with torch.no_grad():
+                logits = model(x)[blank]  # (blanks, 10)
+            right = (logits.argmax(dim=-1) == y[blank]).double().mean()
+            assert abs(right.item() - logged.loc[s, f"acc_{T}"]) < 1e-12
+            top2 = logits.topk(2, dim=-1).values
+            assert (top2[:, 0] - top2[:, 1]).min() > 1e-7, (s, T)
+
+
+def test_stored_log_starts_from_the_chapters_models(ch, stored):
+    """800 steps per model; the loss of step 0 is that of the chapter's
+    freshly initialised model (new_model) on the first batch `train`
+    draws; the learned table's rows 16 to 63 are still new_model's. (The
+    float32 normal draws of the initialisation differ by a few ulps between
+    PyTorch's CPU kernels, hence tolerances; another seed differs by far
+    more.)"""
+    log, weights = stored
+    for s in ch.SCHEMES:
+        rows = log[log.scheme == s]
+        assert rows.step.tolist() == list(range(800))
+        gen = torch.Generator().manual_seed(0)  # train's seed and draws
+        T = int(torch.randint(8, 17, (1,), generator=gen))
+        x, y = ch.make_batch(64, T, gen)
+        blank = x == ch.BLANK
+        with torch.no_grad():
+            loss = F.cross_entropy(ch.new_model(s)(x)[blank], y[blank])
+        assert abs(rows.loss.iloc[0] - loss.item()) < 1e-6
+    fresh = ch.new_model("learned").positions.weight.detach()
+    gap = (weights["learned"]["positions.weight"] - fresh).abs()
+    assert gap[16:].max() < 1e-5 and gap[:16].amax(dim=1).min() > 0.1
+
+
+def test_training_script_runs_the_chapters_code(ch, monkeypatch):
+    """tools/train_positions.py defines none of the chapter's functions
+    again; its models are the chapter's new_model trained by the chapter's
+    train, and its log holds their losses and, in each model's last row,
+    their accuracies and seconds."""
+    tree = ast.parse(Path(train_positions.__file__).read_text("utf-8"))
+    script_defs = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.ClassDef)
+    }
+    assert not script_defs & set(vars(ch)), script_defs & set(vars(ch))
+    models, losses, seconds = train_positions.train_all(ch, steps=3)
+    monkeypatch.setattr(ch, "TEST_LENGTHS", (8, 12))  # a short log
+    log = train_positions.log_table(ch, models, losses, seconds)
+    assert list(log.columns) == [
+        "scheme",
+        "step",
+        "loss",
+        "acc_8",
+        "acc_12",
+        "wall_s",
+        "cpu_s",
+    ]
+    for s in ch.SCHEMES:
+        model = ch.new_model(s)
+        assert losses[s] == ch.train(model, steps=3)
+        for name, value in model.state_dict().items():
+            assert torch.equal(models[s].state_dict()[name], value), name
+        rows = log[log.scheme == s]
+        assert rows.loss.tolist() == losses[s]
+        assert rows.iloc[:-1].acc_8.isna().all()
+        assert rows.acc_12.iloc[-1] == ch.accuracy(
+            model, *ch.make_test_set(12)
+        )
+        assert rows.cpu_s.iloc[-1] == seconds[s][1]
 
 
 # ------------------------------------------------ the printed source, last
