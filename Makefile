@@ -41,6 +41,7 @@ help:
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings and chapter 7's training times"
+	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
 	@echo "                    tests per file, portable variants); not a test"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
@@ -139,6 +140,13 @@ train-gpt: $(STAMP)
 .PHONY: train-positions
 train-positions: $(STAMP)
 	$(BIN)/python tools/train_positions.py
+
+# Chapter 9's two models (with and without attention) trained in full, on one
+# thread: weights, log and a model description in book/data/
+# (tools/train_additive.py; then make outputs NB=book/09_additive_attention.ipynb).
+.PHONY: train-additive
+train-additive: $(STAMP)
+	$(BIN)/python tools/train_additive.py
 
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).
