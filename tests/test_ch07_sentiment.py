@@ -147,6 +147,21 @@ def test_gradient_check_table_and_its_display(ch06):
     b_auto, b_fd = table.columns[2], table.columns[3]
     assert (table[b_auto] < 1e-14).all() and (table[b_fd] < 1e-6).all()
     assert table.loc["Q", table.columns[1]] > 1.0  # the post's Q gradient
+    # the largest entry error lies between the norm of the error over the
+    # square root of the number of entries and the norm itself
+    true, b_fd_rel, entry = (
+        table.columns[0],
+        table.columns[3],
+        table.columns[4],
+    )
+    for name in GRAD_NAMES:
+        if name == "Kb":  # absolute errors: the true gradient is zero
+            norm, size = table.loc[name, b_fd_rel], params[name].size
+        else:
+            norm = table.loc[name, b_fd_rel] * table.loc[name, true]
+            size = params[name].size
+        assert table.loc[name, entry] <= 1.01 * norm, name
+        assert table.loc[name, entry] >= 0.99 * norm / np.sqrt(size), name
     shown = ch06.show(table)
     assert (shown[b_auto] == "< 1e-14").all() and b_fd not in shown.columns
     assert (
@@ -778,7 +793,7 @@ def test_stored_params_and_run_log_read_one_run(ch06):
     rng = np.random.default_rng(0)
     params = ch06.init_params(rng)
     files = {f"x.{n}": v for n, v in params.items()}
-    files |= {"y.Q": params["Q"]}
+    files |= {"y.Q": params["Q"], "x_1.Q": 2 * params["Q"]}  # other runs
     got = ch06.stored_params(_Stored(files), "x")
     assert set(got) == set(GRAD_NAMES)
     for name in GRAD_NAMES:
