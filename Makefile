@@ -148,6 +148,12 @@ train-positions: $(STAMP)
 train-additive: $(STAMP)
 	$(BIN)/python tools/train_additive.py
 
+# Chapter 7's trainings in full (1000 epochs each, one thread): weights and
+# log in book/data/ (then `make outputs NB=book/07_sentiment.ipynb`).
+.PHONY: train-sentiment
+train-sentiment: $(STAMP)
+	$(BIN)/python tools/train_sentiment.py
+
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).
 bench-suite: $(STAMP)

@@ -147,6 +147,21 @@ def test_gradient_check_table_and_its_display(ch06):
     b_auto, b_fd = table.columns[2], table.columns[3]
     assert (table[b_auto] < 1e-14).all() and (table[b_fd] < 1e-6).all()
     assert table.loc["Q", table.columns[1]] > 1.0  # the post's Q gradient
+    # the largest entry error lies between the norm of the error over the
+    # square root of the number of entries and the norm itself
+    true, b_fd_rel, entry = (
+        table.columns[0],
+        table.columns[3],
+        table.columns[4],
+    )
+    for name in GRAD_NAMES:
+        if name == "Kb":  # absolute errors: the true gradient is zero
+            norm, size = table.loc[name, b_fd_rel], params[name].size
+        else:
+            norm = table.loc[name, b_fd_rel] * table.loc[name, true]
+            size = params[name].size
+        assert table.loc[name, entry] <= 1.01 * norm, name
+        assert table.loc[name, entry] >= 0.99 * norm / np.sqrt(size), name
     shown = ch06.show(table)
     assert (shown[b_auto] == "< 1e-14").all() and b_fd not in shown.columns
     assert (
@@ -294,11 +309,21 @@ def test_one_word_sentence_as_a_vector(ch06):
 
 
 @pytest.fixture(scope="module")
-def small_data(ch06):
+def reviews():
+    return pd.read_csv(BOOK / "data" / "small.csv", keep_default_na=False)
+
+
+@pytest.fixture(scope="module")
+def full_data(ch06, reviews):
     vocab, vectors = ch06.load_glove()  # the chapter's default vocabulary
-    table = pd.read_csv(BOOK / "data" / "small.csv", keep_default_na=False)
-    dataset, _ = ch06.make_dataset(table, vocab, vectors)
-    return dataset[:8]
+    dataset, skipped = ch06.make_dataset(reviews, vocab, vectors)
+    assert skipped == []
+    return dataset
+
+
+@pytest.fixture(scope="module")
+def small_data(full_data):
+    return full_data[:8]
 
 
 def test_sgd_step_builds_new_arrays_and_respects_frozen(ch06):
@@ -649,3 +674,201 @@ def test_print_losses_prints_epoch_one_and_every_hundredth(ch06, capsys):
     lines = capsys.readouterr().out.splitlines()[1:]
     assert [int(line.split()[0]) for line in lines] == [1, 100, 200, 300]
     assert lines[-1].split()[1:] == ["0.3000", "0.6000"]
+
+
+# --- the stored full trainings (make train-sentiment, issue 39) ---------------
+
+
+STORED_RUNS = (
+    "a",
+    "a_100",
+    "a_500",
+    "a_800",
+    "b",
+    "autograd",
+    "held_out",
+    "all",
+)
+
+
+@pytest.fixture(scope="module")
+def stored(ch06):
+    weights = np.load(BOOK / "data" / "sentiment_params.npz")
+    log = pd.read_csv(BOOK / "data" / "sentiment_train_log.csv")
+    params = {run: ch06.stored_params(weights, run) for run in STORED_RUNS}
+    return params, log
+
+
+def test_stored_files_are_small_and_hold_every_run(stored):
+    params, log = stored
+    for name in ("sentiment_params.npz", "sentiment_train_log.csv"):
+        assert (BOOK / "data" / name).stat().st_size < 1_000_000, name
+    epochs = log.groupby("run", sort=False)["epoch"].agg(["min", "max"])
+    assert list(epochs.index) == ["a", "b", "autograd", "held_out", "all"]
+    assert (epochs["min"] == 1).all()
+    assert epochs["max"].tolist() == [1000, 1000, 1000, 1000, 300]
+    last = log.dropna(subset=["accuracy"])
+    assert last["run"].tolist() == list(epochs.index)
+    assert (last["epoch"].to_numpy() == epochs["max"].to_numpy()).all()
+    assert (last[["cpu_seconds", "wall_seconds"]] > 0).all().all()
+    for name in ("a", "b"):  # train_watching's record, every epoch
+        rows = log[log["run"] == name]
+        assert rows[["changed", "sharpness", "step"]].notna().all().all()
+    assert set(params["a"]) == set(GRAD_NAMES)
+
+
+def test_stored_weights_reproduce_the_logged_accuracies(
+    ch06, stored, full_data, reviews
+):
+    params, log = stored
+    logged = log.dropna(subset=["accuracy"]).set_index("run")
+    for run in ("a", "b", "autograd", "all"):
+        accuracy = ch06.accuracy(full_data, params[run])
+        assert accuracy == pytest.approx(
+            logged.loc[run, "accuracy"], abs=1e-12
+        )
+    held_out = ch06.stratified_hold_out(
+        reviews["sentiments"].to_numpy(),
+        ch06.HOLD_OUT,
+        np.random.default_rng(ch06.SPLIT_SEED),
+    )
+    train_part = [p for i, p in enumerate(full_data) if i not in held_out]
+    test_part = [full_data[i] for i in held_out]
+    for part, column in [
+        (train_part, "accuracy"),
+        (test_part, "held_out_accuracy"),
+    ]:
+        accuracy = ch06.accuracy(part, params["held_out"])
+        assert accuracy == pytest.approx(
+            logged.loc["held_out", column], abs=1e-12
+        )
+
+
+def test_stored_weights_reproduce_the_logged_sharpness(
+    ch06, stored, full_data
+):
+    params, log = stored
+    for run, epoch in [
+        ("a_100", 100),
+        ("a_500", 500),
+        ("a_800", 800),
+        ("a", 1000),
+        ("b", 1000),
+    ]:
+        _, sharpness = ch06.attention_state(full_data, params[run])
+        row = log[(log["run"] == run.split("_")[0]) & (log["epoch"] == epoch)]
+        assert sharpness == pytest.approx(row["sharpness"].item(), abs=1e-12)
+
+
+def test_stored_runs_start_where_the_chapter_starts(ch06, stored, full_data):
+    # the first epochs again, from the chapter's seed: the log's first rows
+    params, log = stored
+    params0 = ch06.init_params(np.random.default_rng(ch06.SEED))
+    for run, backprop in [
+        ("a", ch06.backprop_source),
+        ("b", ch06.backprop_corrected),
+    ]:
+        _, record = ch06.train_watching(full_data, params0, backprop, epochs=2)
+        rows = log[log["run"] == run].iloc[:2]
+        for column in ("loss", "sharpness", "step"):
+            assert_allclose(rows[column], record[column], rtol=1e-9, atol=0)
+        assert_array_equal(rows["changed"], record["changed"])
+    # frozen W and b in every run but exercise 1's
+    for run in ("a", "a_100", "b", "autograd", "held_out"):
+        assert_array_equal(params[run]["W"], params0["W"])
+        assert_array_equal(params[run]["b"], params0["b"])
+    assert not np.allclose(params["all"]["W"], params0["W"])
+    # autograd's run and the corrected one, step for step
+    autograd, b = (
+        log[log["run"] == r]["loss"].to_numpy() for r in ("autograd", "b")
+    )
+    assert np.abs(autograd - b).max() < 1e-13
+    for name in GRAD_NAMES:
+        assert_allclose(
+            params["autograd"][name], params["b"][name], rtol=0, atol=1e-9
+        )
+
+
+def test_stored_params_and_run_log_read_one_run(ch06):
+    rng = np.random.default_rng(0)
+    params = ch06.init_params(rng)
+    files = {f"x.{n}": v for n, v in params.items()}
+    files |= {"y.Q": params["Q"], "x_1.Q": 2 * params["Q"]}  # other runs
+    got = ch06.stored_params(_Stored(files), "x")
+    assert set(got) == set(GRAD_NAMES)
+    for name in GRAD_NAMES:
+        assert got[name] is files[f"x.{name}"]
+    with pytest.raises(ValueError, match="missing parameters"):
+        ch06.stored_params(_Stored(files), "y")
+    log = pd.DataFrame(
+        {
+            "run": ["x", "x", "z"],
+            "epoch": [1, 2, 1],
+            "loss": [3.0, 2.0, 9.0],
+            "step": [0.5, np.nan, 7.0],
+        }
+    )
+    record = ch06.run_log(log, "x")
+    assert set(record) == {"loss", "step"}
+    assert_array_equal(record["loss"], [3.0, 2.0])
+    assert_array_equal(record["step"], [0.5, np.nan])
+    with pytest.raises(ValueError, match="no run"):
+        ch06.run_log(log, "w")
+
+
+class _Stored(dict):
+    """What np.load gives for an .npz file: its names in .files."""
+
+    @property
+    def files(self):
+        return list(self)
+
+
+def test_stratified_hold_out_draws_the_counts_of_each_label(ch06):
+    labels = np.array(["n", "p", "n", "u", "p", "n", "u", "n"])
+    counts = {"n": 2, "p": 1, "u": 1}
+    rows = ch06.stratified_hold_out(labels, counts, np.random.default_rng(3))
+    assert rows == sorted(set(rows)) and len(rows) == 4
+    assert [labels[rows].tolist().count(k) for k in counts] == [2, 1, 1]
+    again = ch06.stratified_hold_out(labels, counts, np.random.default_rng(3))
+    assert again == rows
+    with pytest.raises(ValueError):
+        ch06.stratified_hold_out(labels, {"u": 3}, np.random.default_rng(0))
+
+
+def test_training_script_runs_the_chapters_own_functions(ch06, monkeypatch):
+    import train_sentiment
+
+    monkeypatch.setattr(
+        train_sentiment, "load_chapter", lambda name: {NOTEBOOK: ch06}[name]
+    )
+    ch, dataset, params0, held_out = train_sentiment.setup()
+    assert ch is ch06 and len(dataset) == 39
+    seeded = ch06.init_params(np.random.default_rng(ch06.SEED))
+    for name in GRAD_NAMES:
+        assert_array_equal(params0[name], seeded[name])
+    assert len(held_out) == sum(ch06.HOLD_OUT.values())
+    calls = []
+    for name in ("train_watching", "train", "train_torch"):
+        monkeypatch.setattr(
+            ch06, name, lambda *a, _name=name, **k: calls.append((_name, a, k))
+        )
+    runs = train_sentiment.runs(ch, dataset, params0, held_out)
+    for _, fn, _, _ in runs:
+        fn()
+    names = [run[0] for run in runs]
+    assert names == ["a", "b", "autograd", "held_out", "all"]
+    functions = [(c[0], c[1][2] if len(c[1]) > 2 else None) for c in calls]
+    assert functions == [
+        ("train_watching", ch06.backprop_source),
+        ("train_watching", ch06.backprop_corrected),
+        ("train_torch", None),
+        ("train", ch06.backprop_corrected),
+        ("train", ch06.backprop_corrected),
+    ]
+    for name, args, _ in calls:
+        assert args[1] is params0, name
+    assert [len(c[1][0]) for c in calls] == [39, 39, 39, 30, 39]
+    assert calls[0][2] == {"keep": (100, 500, 800)}
+    assert calls[4][2] == {"epochs": 300, "frozen": ()}
+    assert calls[3][2] == {} and calls[1][2] == {"keep": ()}
