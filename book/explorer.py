@@ -10,8 +10,9 @@ a bar chart shows the numbers; a heatmap of the whole matrix sits beside it
 The charts are drawn by plotly.js (the JavaScript of the PyPI package
 `plotly`, which the book's site ships in `_static/plotly/`; see
 `_ext/site_extras.py`); no CDN and no kernel is needed. The token menus and
-shading need no library, so they work in Jupyter too, where only the charts
-are missing unless plotly.js is loaded. Printed and downloaded pages keep the
+shading need no library, so they work in Jupyter too once the cell has run
+(or the notebook is trusted), where only the charts are missing unless
+plotly.js is loaded. Printed and downloaded pages keep the
 chapter's static figure: the explorer is hidden in print.
 
 The weights are stored in the page rounded to `precision` decimals (3 by
