@@ -40,7 +40,9 @@ help:
 	@echo "                    (PORTABLE=generic or PORTABLE=two-threads: one variant)"
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
-	@echo "make bench          chapter 8's attention timings and chapter 7's training times"
+	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times"
+	@echo "make train          every chapter's full training (train-gpt, train-positions, train-sentiment,"
+	@echo "                    train-additive): weights and logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
 	@echo "                    tests per file, portable variants); not a test"
@@ -153,6 +155,11 @@ train-additive: $(STAMP)
 .PHONY: train-sentiment
 train-sentiment: $(STAMP)
 	$(BIN)/python tools/train_sentiment.py
+
+# Every training target, one after the other (each trains on one thread and
+# logs its CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all).
+.PHONY: train
+train: train-gpt train-positions train-sentiment train-additive
 
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).
