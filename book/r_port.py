@@ -1,5 +1,6 @@
 """R's random numbers and R's print layout, in NumPy (the book's appendix,
-book/appendix_r_internals.ipynb, explains and checks every function but the input checks).
+book/appendix_r_internals.ipynb, explains and checks every function but the
+input checks).
 
 Chapter 2 uses them to reproduce, character for character, what the R
 vignette of Bastiaan Quast's `attention` package prints: its weight matrices
