@@ -726,6 +726,48 @@ def test_benchmark_script_runs_end_to_end(bench, ch08, tmp_path, capsys):
     )
 
 
+def test_benchmark_checks_variants_where_it_times_them(
+    bench, ch08, monkeypatch
+):
+    """The ablation's and the sweep's variants are checked at the length
+    they are timed at (the largest), where their tiles accumulate."""
+    import bench_attention_parts as parts
+
+    lengths = []
+    monkeypatch.setattr(
+        parts,
+        "check_variants",
+        lambda ch, T, *rest: lengths.append(("check", T)),
+    )
+    monkeypatch.setattr(
+        parts,
+        "time_variants",
+        lambda ch, T, *rest: lengths.append(("time", T)),
+    )
+    monkeypatch.setattr(parts, "write_csv", lambda rows, path: None)
+    parts.run_variants(ch08, bench.parse_args(TINY), {})
+    assert lengths == [("check", 40), ("time", 40)] * 2
+
+
+def test_benchmark_redraws_the_figure_only(bench, tmp_path, monkeypatch):
+    """--plot-only draws the figure from the stored table and times
+    nothing: neither the chapter nor any part is run."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--plot-only must not time anything")
+
+    for name in ("load_chapter", "run_main", "run_variants"):
+        monkeypatch.setattr(bench, name, refuse)
+    png = tmp_path / "figure.png"
+    csv = ROOT / "book" / "data" / "bench_attention.csv"
+    bench.main(
+        bench.parse_args(["--plot-only", "--csv", str(csv), "--png", str(png)])
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--plot-only", "--no-plot"])
+
+
 def test_benchmark_measures_memory(bench, capsys):
     """The naive program at T = 4096 holds at least one 4096 x 4096 float32
     matrix (64 MiB for 1 head); the measurement must see it. The script runs

@@ -29,6 +29,7 @@ Usage (from the repository's top folder, with the book's virtual environment):
     python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
         --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
     python tools/bench_attention.py --sizes 64 128 --max-seconds 0.2   # a quick try
+    python tools/bench_attention.py --plot-only     # the figure from the CSV
 On a busy machine, --clock cpu (one thread) times with the thread's processor
 time. Peak memory uses Linux's /proc (VmHWM, clear_refs); elsewhere use
 --no-memory.
@@ -39,7 +40,7 @@ import os
 import bench_attention_args
 from bench_attention_args import PARTS, set_threads
 from bench_attention_memory import child_measure, measure_memory
-from bench_attention_output import machine_info
+from bench_attention_output import machine_info, plot_from_csv
 from bench_attention_parts import run_main, run_variants
 from bench_attention_programs import (
     NAIVE,
@@ -76,6 +77,9 @@ def main(args):
     """Run the parts asked for (or, with --child, one memory measurement)."""
     if args.child:
         child_measure(args.child[0], int(args.child[1]), args)
+        return
+    if args.plot_only:
+        plot_from_csv(args.csv, args.png)
         return
     chapter = load_chapter()
     info = machine_info(args)

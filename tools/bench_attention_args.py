@@ -97,6 +97,11 @@ def add_parts(parser):
 def add_outputs(parser):
     """Where the tables and the figure go."""
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--plot-only",
+        action="store_true",
+        help="time nothing: redraw --png from the table in --csv",
+    )
     outputs = {
         "--csv": DATA / "bench_attention.csv",
         "--ablation-csv": DATA / "bench_ablation.csv",
@@ -116,6 +121,8 @@ def parse_args(argv=None, description=None):
     for add in (add_problem, add_timing, add_parts, add_outputs):
         add(parser)
     args = parser.parse_args(argv)
+    if args.plot_only and args.no_plot:
+        parser.error("--plot-only draws the figure: drop --no-plot")
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: use --threads 1")
     return args

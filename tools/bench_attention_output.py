@@ -119,6 +119,15 @@ def plot(df, ceiling, path):
     print(f"wrote {path}")
 
 
+def plot_from_csv(csv, png):
+    """The figure again from a stored table, without timing anything."""
+    import pandas as pd
+
+    df = pd.read_csv(csv)
+    ceiling = df.loc[df["implementation"] == "matmul ceiling", "gflop_per_s"]
+    plot(df[df["implementation"] != "matmul ceiling"], ceiling.iloc[0], png)
+
+
 def print_closing_ratios(df, with_memory):
     """At the largest T: each tiled version's throughput against the fused
     kernel's (by median and by fastest call), and the fast version's peak

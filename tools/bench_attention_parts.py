@@ -88,10 +88,11 @@ def run_variants(chapter, args, info):
         "ablation": (ablation_variants(chapter), args.ablation_csv),
         "tiles": (sweep_variants(args), args.tiles_csv),
     }
+    T = max(args.sizes)  # checked at the length they are timed at
     for part, (variants, path) in parts.items():
         if part in args.parts:
-            check_variants(chapter, min(args.sizes), args, variants)
+            check_variants(chapter, T, args, variants)
             rows = time_variants(
-                chapter, max(args.sizes), args, variants, (False, True), info
+                chapter, T, args, variants, (False, True), info
             )
             write_csv(rows, path)
