@@ -76,3 +76,29 @@ def test_teaching_cells_are_short():
     assert len(long_cells) <= 3, [(name, i) for name, i, _ in long_cells]
     for name, i, source in long_cells:
         assert source.lstrip().startswith("class "), (name, i)
+
+
+def ignored_cells():
+    """(notebook, index) of every cell whose output nbval does not compare."""
+    return [
+        (name, i)
+        for name in NOTEBOOKS
+        for i, cell in enumerate(cells_of(name))
+        if cell["cell_type"] == "code"
+        and "".join(cell["source"]).startswith("# NBVAL_IGNORE_OUTPUT")
+    ]
+
+
+def test_intro_states_which_cells_nbval_ignores():
+    """book/intro.md tells the reader how many cells nbval leaves out, and in
+    which chapters: the figures must follow the notebooks."""
+    text = " ".join((BOOK / "intro.md").read_text(encoding="utf-8").split())
+    stated = re.search(
+        r"the (\d+) cells, all in chapters (\d+) to (\d+),", text
+    )
+    assert stated, "intro.md no longer states the ignored cells"
+    count, first, last = map(int, stated.groups())
+    cells = ignored_cells()
+    chapters = sorted({int(name[:2]) for name, _ in cells})
+    assert count == len(cells), cells
+    assert (first, last) == (chapters[0], chapters[-1]), chapters
