@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 INK = "#222222"
-# soft fills that stay distinct for readers with common colour blindness
+# soft fills, one per role
 COLORS = {
     "input": "#dbe9f6",
     "query": "#fde0c5",

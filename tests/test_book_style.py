@@ -76,3 +76,64 @@ def test_teaching_cells_are_short():
     assert len(long_cells) <= 3, [(name, i) for name, i, _ in long_cells]
     for name, i, source in long_cells:
         assert source.lstrip().startswith("class "), (name, i)
+
+
+def ignored_cells(cells_by_name):
+    """(notebook, index) of every cell whose output nbval does not compare."""
+    return [
+        (name, i)
+        for name, cells in cells_by_name.items()
+        for i, cell in enumerate(cells)
+        if cell["cell_type"] == "code"
+        and "".join(cell["source"]).startswith("# NBVAL_IGNORE_OUTPUT")
+    ]
+
+
+# a Python assert, or a call of a chapter's `claim` helper, which asserts
+ASSERTS = re.compile(r"^\s*(assert\b|claim\()", flags=re.M)
+
+
+def unasserted_ignored_cells(cells_by_name, window=2):
+    """The ignored cells not followed, within the next `window` code cells
+    (a plot or a helper may come first), by a cell that asserts."""
+    missing = []
+    for name, i in ignored_cells(cells_by_name):
+        following = [
+            "".join(cell["source"])
+            for cell in cells_by_name[name][i + 1 :]
+            if cell["cell_type"] == "code"
+        ][:window]
+        if not any(ASSERTS.search(source) for source in following):
+            missing.append((name, i))
+    return missing
+
+
+def test_intro_states_which_cells_nbval_ignores():
+    """book/intro.md says which cells nbval leaves out, that each is followed
+    by a cell asserting its claims, and in which chapters there are none.
+    Checked against the notebooks, whatever their number."""
+    text = " ".join((BOOK / "intro.md").read_text(encoding="utf-8").split())
+    assert "the cells whose first line is `# NBVAL_IGNORE_OUTPUT`" in text
+    assert "each followed by a cell asserting what the text claims" in text
+    cells_by_name = {name: cells_of(name) for name in NOTEBOOKS}
+    assert unasserted_ignored_cells(cells_by_name) == []
+    stated = re.search(r"Chapters 1 to (\d+) and the appendix have no", text)
+    assert stated, "intro.md no longer says where no cell is ignored"
+    last_clean = int(stated.group(1))
+    for name, i in ignored_cells(cells_by_name):
+        assert name[:2].isdigit() and int(name[:2]) > last_clean, (name, i)
+
+
+def test_ignored_cell_check_sees_a_cell_without_asserts():
+    """The check above can fail: an ignored log followed only by a plot and
+    a print, or by nothing."""
+    code = [
+        {"cell_type": "code", "source": ["# NBVAL_IGNORE_OUTPUT\n", "log()"]},
+        {"cell_type": "markdown", "source": ["The loss fell."]},
+        {"cell_type": "code", "source": ["plt.plot(losses)"]},
+        {"cell_type": "code", "source": ["print(losses[-1])"]},
+        {"cell_type": "code", "source": ["assert losses[-1] < 1"]},
+    ]
+    assert unasserted_ignored_cells({"nb": code}) == [("nb", 0)]
+    assert unasserted_ignored_cells({"nb": code[:1]}) == [("nb", 0)]
+    assert unasserted_ignored_cells({"nb": code[:2] + code[3:]}) == []

@@ -183,6 +183,36 @@ def test_r_runs_each_tab_and_prints_what_python_prints(
     assert "".join(outputs) == source_printouts(ch02, label)
 
 
+def test_r_post_without_byrow_prints_the_exercise_table(
+    ch02, rscript, tmp_path
+):
+    """Exercise 1's claim: the R post's tabs, run by R with every
+    `byrow = TRUE` removed, print exactly `R_WITHOUT_BYROW`."""
+    code = "".join(c for name, _, _, c, _ in tab_sets() if name == R_POST)
+    without, removed = re.subn(r",\s*byrow = TRUE", "", code)
+    assert removed == 3  # W_Q, W_K, W_V
+    out = run_r(rscript, tmp_path / "without_byrow.R", without)
+    assert out == ch02.R_WITHOUT_BYROW + "\n"
+    assert out != ch02.R_POST_ATTENTION + "\n"
+
+
+@pytest.mark.parametrize("seed", [42, 1])
+def test_appendix_w_q_is_what_r_prints(rport, rscript, tmp_path, seed):
+    """The appendix's W_Q for set.seed(42) and set.seed(1) (exercise 1):
+    the vignette's W_Q line, run by R after that seed, prints the stored
+    text."""
+    (code,) = [
+        c
+        for name, _, _, c, _ in tab_sets()
+        if name == VIGNETTE and "runif" in c
+    ]
+    (line,) = [row for row in code.splitlines() if row.startswith("W_Q =")]
+    out = run_r(
+        rscript, tmp_path / "w_q.R", f"set.seed({seed})\n{line}\nprint(W_Q)\n"
+    )
+    assert out == getattr(rport, f"R_SEED_{seed}_W_Q") + "\n"
+
+
 # --- R's set.seed / runif ----------------------------------------------------
 
 # Measured in R 4.2.2 (Debian r-base-core): set.seed(s); sprintf("%a", runif(5))
