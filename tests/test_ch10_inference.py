@@ -1,6 +1,7 @@
 """Chapter 10: the shared block with a causal mask equals PyTorch's; the KV
-cache changes no token; grouped-query attention equals PyTorch's fused kernel
-and its special cases; the sliding window and its rolling cache; bad inputs."""
+cache changes no token, never attends to its empty slots and refuses a layer
+it cannot serve; grouped-query attention equals PyTorch's fused kernel and
+its special cases; the sliding window and its rolling cache; bad inputs."""
 
 import itertools
 import math
@@ -209,6 +210,108 @@ def test_kv_cache_of_one_block(G, w):
     assert sorted(cache.pos.tolist()) == list(range(9 - kept, 9))
     assert cache.nbytes() == 2 * 2 * G * kept * 8 * 8
     assert transformer.KVCache(w).nbytes() == 0
+
+
+class AnyLayerCache(transformer.KVCache):
+    """A cache of w slots, empty ones at position -1, that accepts any layer
+    (as a pre-allocated cache might): it lets a test put empty slots before
+    a non-causal layer."""
+
+    def check_layer(self, w, causal):
+        pass
+
+
+def test_allowed_positions_by_hand():
+    """Position -1 (an empty slot) is never allowed, causal or not."""
+    pos_q, pos_k = torch.tensor([5, 6]), torch.tensor([-1, 3, 6, -1, 5])
+    expected = {
+        (None, False): [[0, 1, 1, 0, 1], [0, 1, 1, 0, 1]],
+        (None, True): [[0, 1, 0, 0, 1], [0, 1, 1, 0, 1]],
+        (2, True): [[0, 0, 0, 0, 1], [0, 0, 1, 0, 1]],
+    }
+    for (w, causal), mask in expected.items():
+        got = transformer.allowed_positions(pos_q, pos_k, w, causal)
+        assert torch.equal(got, torch.tensor(mask, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_cache_slots_are_never_attended(causal):
+    """A layer fed 3, then 2 tokens through a cache of 8 slots gives the
+    outputs it gives without a cache, and no weight to an empty slot."""
+    torch.manual_seed(7)
+    attn = transformer.SelfAttention(32, 4, causal=causal).double()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    cache = AnyLayerCache(8)
+    with torch.no_grad():
+        full, _ = attn(x)  # the second call's queries see all 5 tokens
+        alone, _ = attn(x[:, :3])  # the first call's see the first 3
+        first, w1 = attn(x[:, :3], cache=cache)
+        second, w2 = attn(x[:, 3:], cache=cache)
+    assert_close(first, alone, rtol=0, atol=1e-12)
+    assert_close(second, full[:, 3:], rtol=0, atol=1e-12)
+    assert (w1[..., :8] == 0).all()  # 8 empty slots, then the 3 tokens
+    assert (w2[..., 3:8] == 0).all()  # slots 0-2 filled, 3-7 still empty
+
+
+@pytest.mark.parametrize(
+    "cache_w, layer_w, causal",
+    [(4, None, False), (4, None, True), (4, 6, True), (1, 2, True)],
+)
+def test_a_cache_that_forgets_keys_the_layer_needs_is_refused(
+    cache_w, layer_w, causal
+):
+    """A rolling cache keeps the last w tokens: a layer without a window,
+    or with a longer one, refuses it, naming both windows."""
+    attn = transformer.SelfAttention(32, 4, causal=causal, w=layer_w)
+    cache = transformer.KVCache(cache_w)
+    with pytest.raises(
+        ValueError, match=rf"cache with window {cache_w}\b.*window {layer_w}\b"
+    ):
+        attn(torch.zeros(1, 2, 32), cache=cache)
+    assert cache.length == 0 and cache.K is None  # refused before storing
+
+
+def test_a_windowless_gpt_refuses_rolling_caches():
+    """KVCache(4) in a windowless model would change its logits."""
+    model = small_gpt()
+    caches = [transformer.KVCache(4) for _ in model.blocks]
+    with pytest.raises(ValueError, match=r"window 4\b.*window None"):
+        model(torch.arange(6)[None], caches)
+
+
+@pytest.mark.parametrize("cache_w", [None, 3, 5])
+def test_a_cache_keeping_at_least_the_window_changes_nothing(cache_w):
+    """A layer with window 3 and a cache with window 3, 5 or None (growing),
+    fed 5, 1 and 3 tokens, gives the outputs of one call on all 9."""
+    torch.manual_seed(8)
+    block = transformer.DecoderBlock(32, 4, 64, G=2, w=3).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cache = transformer.KVCache(cache_w)
+    with torch.no_grad():
+        full = block(x)
+        parts = [
+            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
+        ]
+    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+
+
+def test_layers_ask_their_cache_with_their_window():
+    """The check is the cache's (one interface for every kind of cache):
+    each layer calls cache.check_layer(w, causal) before using the cache."""
+    calls = []
+
+    class Recording(transformer.KVCache):
+        def check_layer(self, w, causal):
+            calls.append((w, causal))
+            super().check_layer(w, causal)
+
+    model = small_gpt(w=3)
+    with torch.no_grad():
+        model(torch.arange(4)[None], [Recording(3) for _ in model.blocks])
+    attn = transformer.SelfAttention(32, 4)
+    with torch.no_grad():
+        attn(torch.zeros(1, 2, 32), cache=Recording())
+    assert calls == [(3, True), (3, True), (None, False)]
 
 
 # --- the shared block, the cache, grouped-query attention and the window ----
