@@ -1,10 +1,12 @@
 """Chapter 10: the shared block with a causal mask equals PyTorch's; the KV
 cache changes no token, never attends to its empty slots and refuses a layer
-it cannot serve; grouped-query attention equals PyTorch's fused kernel and
-its special cases; the sliding window and its rolling cache; bad inputs."""
+it cannot serve; the work it saves as PyTorch's FLOP counter counts it;
+grouped-query attention equals PyTorch's fused kernel and its special cases;
+the sliding window and its rolling cache; sampling; bad inputs."""
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -162,15 +164,57 @@ def test_sampling_frequencies_follow_the_tempered_softmax(temperature, top_k):
 
 def test_sampling_refuses_bad_settings():
     logits = torch.zeros(2, 5)
-    for temperature in (-0.5, -1e-9, float("nan")):
+    for temperature in (-0.5, -1e-9, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="temperature"):
             ch10.sample_next(logits, temperature)
+    # temperatures the logits cannot be divided by: 5 / 1e-39 overflows
+    # float32, 1e300 is infinite in float32, 1e-320 underflows it to 0
+    big = torch.tensor([[5.0, 1.0]])
+    for temperature in (1e-39, 1e300, 1e-320):
+        message = re.escape(f"temperature {temperature} is out of range")
+        with pytest.raises(ValueError, match=message):
+            ch10.sample_next(big, temperature, top_k=1)
+    with pytest.raises(ValueError, match="temperature 1e-300"):
+        ch10.sample_next(big.double() * 1e10, 1e-300)
     with pytest.raises(ValueError, match=r"\(B, vocab\)"):
         ch10.sample_next(torch.zeros(5), 1.0)
     assert torch.equal(
         ch10.sample_next(torch.tensor([[0.0, 1.0], [2.0, 1.0]]), 0),
         torch.tensor([[1], [0]]),
     )
+
+
+def test_top_1_is_greedy_at_every_temperature_accepted():
+    """Exercise 1: without ties, top_k=1 draws the largest logit at every
+    temperature sample_next accepts, from 1e-300 to 1e300; with float32
+    logits, the huge ones would round the others to ties with it if the
+    logits were divided before top-k."""
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64):
+        logits = torch.randn(50, 11, generator=gen).to(dtype)  # no ties
+        greedy = ch10.sample_next(logits, 0)
+        for exponent in range(-300, 301, 20):
+            for mantissa in (1.0, 3.7):
+                tau = mantissa * 10.0**exponent
+                try:
+                    drawn = ch10.sample_next(logits, tau, 1, generator=gen)
+                except ValueError:
+                    assert dtype == torch.float32 and not 1e-37 < tau < 1e37
+                    continue
+                assert torch.equal(drawn, greedy), (dtype, tau)
+
+
+def test_top_k_keeps_ties_with_the_kth_logit():
+    """Logits tied with the k-th largest survive top-k (as in nanoGPT), so
+    top-1 on a tie draws among the tied tokens; greedy takes the first."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 2.0, 0.0, 2.0, 1.0]]).expand(600, 5)
+    draws = ch10.sample_next(logits, 1.0, top_k=1, generator=gen).flatten()
+    freq = torch.bincount(draws, minlength=5).double() / 600
+    expected = torch.tensor([1, 1, 0, 1, 0], dtype=torch.float64) / 3
+    assert_close(freq, expected, rtol=0, atol=0.1)
+    assert set(draws.tolist()) == {0, 1, 3}
+    assert ch10.sample_next(logits[:1], 0).item() == 0
 
 
 def test_windows_are_positive_integers():
@@ -469,6 +513,23 @@ def test_cache_bytes():
         model(torch.arange(11).repeat(3)[None], caches)
     measured = sum(c.nbytes() for c in caches)
     assert measured == ch10.cache_bytes(2, 2, 8, 33, nbytes=8)
+
+
+@pytest.mark.parametrize("G", [4, 2, 1])
+def test_work_counts_the_multiply_adds(G):
+    """Equation ch10-work equals half the FLOPs (one multiply-add is two)
+    that PyTorch's FLOP counter sees in the matrix products of generate,
+    with and without the cache."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(G)
+    model = ch10.GPT(11, d=32, H=4, layers=3, d_ff=48, G=G).eval()
+    sizes = {"L": 3, "d": 32, "G": G, "d_k": 8, "d_ff": 48, "vocab": 11}
+    for cached in (False, True):
+        with FlopCounterMode(display=False) as counter:
+            ch10.generate(model, torch.arange(5), 7, cached=cached)
+        flops = counter.get_total_flops()
+        assert flops == 2 * ch10.work(7, 5, cached, **sizes)
 
 
 def test_sampling():
