@@ -184,24 +184,39 @@ def test_sampling_refuses_bad_settings():
     )
 
 
-def test_top_1_is_greedy_at_every_temperature_accepted():
+# temperatures m 10^e: every tenth e, and every e near float32's limits
+# (1e-45, 3e38) and float64's largest (1.8e308)
+TEMPERATURES = [
+    m * 10.0**e
+    for e in sorted({*range(-300, 301, 10), *range(-46, 40), *range(296, 309)})
+    for m in (1.0, 3.7)
+]
+
+
+@pytest.mark.parametrize(
+    "dtype, scale",
+    [(torch.float32, 1), (torch.float32, 1e-6), (torch.float64, 1e-22)],
+)
+def test_top_1_is_greedy_at_every_temperature_accepted(dtype, scale):
     """Exercise 1: without ties, top_k=1 draws the largest logit at every
-    temperature sample_next accepts, from 1e-300 to 1e300; with float32
-    logits, the huge ones would round the others to ties with it if the
-    logits were divided before top-k."""
+    temperature sample_next accepts, from 1e-300 to 1e308, for logits of
+    any size; it refuses only those that are infinite in the logits' dtype
+    or overflow the largest logit. (Were the logits divided before top-k, a
+    huge temperature would round small logits into ties with the largest.)"""
     gen = torch.Generator().manual_seed(3)
-    for dtype in (torch.float32, torch.float64):
-        logits = torch.randn(50, 11, generator=gen).to(dtype)  # no ties
-        greedy = ch10.sample_next(logits, 0)
-        for exponent in range(-300, 301, 20):
-            for mantissa in (1.0, 3.7):
-                tau = mantissa * 10.0**exponent
-                try:
-                    drawn = ch10.sample_next(logits, tau, 1, generator=gen)
-                except ValueError:
-                    assert dtype == torch.float32 and not 1e-37 < tau < 1e37
-                    continue
-                assert torch.equal(drawn, greedy), (dtype, tau)
+    logits = (torch.randn(50, 11, generator=gen) * scale).to(dtype)
+    assert len(logits.unique()) == logits.numel()  # no ties
+    greedy = ch10.sample_next(logits, 0)
+    limit = torch.finfo(dtype).max
+    largest = logits.amax(dim=-1).abs().max().item()  # of any row
+    for tau in TEMPERATURES:
+        overflows = tau > limit or largest / tau > limit
+        if overflows:
+            with pytest.raises(ValueError, match="temperature"):
+                ch10.sample_next(logits, tau, 1, generator=gen)
+        else:
+            drawn = ch10.sample_next(logits, tau, 1, generator=gen)
+            assert torch.equal(drawn, greedy), tau
 
 
 def test_top_k_keeps_ties_with_the_kth_logit():
