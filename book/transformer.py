@@ -11,7 +11,9 @@ by default so that chapter 6's classes are unchanged:
   `w`, to the last w of them (j > i - w, sliding-window attention);
 - a key/value cache (`KVCache`): keys and values of earlier tokens kept
   between calls, so that a generator feeds one new token per step; with a
-  window, a rolling cache of w slots.
+  window, a rolling cache of w slots. A layer asks its cache
+  `cache.check_layer(w, causal)` before using it, and never attends to an
+  empty slot (position -1), causal or not.
 
 Masks are boolean, True where a query may attend to a key.
 """
@@ -53,15 +55,17 @@ def check_window(w):
         raise ValueError(f"the window w must be a positive integer, got {w!r}")
 
 
-def allowed_positions(pos_q, pos_k, w=None):
-    """Causal (and windowed) mask from absolute positions: (T_q, T_k).
+def allowed_positions(pos_q, pos_k, w=None, causal=True):
+    """Mask from absolute positions: (T_q, T_k), True where i may see j.
 
-    Query at position i may attend to the key at position j if
-    0 <= j <= i and, with a window w, j > i - w. A key position of -1 marks
-    an empty cache slot, never attended.
+    A key position of -1 marks an empty cache slot, never attended, causal
+    or not. With causal=True, the query at position i may attend to the key
+    at position j if j <= i and, with a window w, j > i - w.
     """
     i, j = pos_q[:, None], pos_k[None, :]
-    allowed = (j >= 0) & (j <= i)
+    allowed = (j >= 0).expand(len(pos_q), -1)  # every key but empty slots
+    if causal:
+        allowed = allowed & (j <= i)
     if w is not None:
         allowed = allowed & (j > i - w)
     return allowed
@@ -79,6 +83,25 @@ class KVCache:
         check_window(w)
         self.w, self.length = w, 0  # length: tokens seen so far
         self.K = self.V = self.pos = None
+
+    def check_layer(self, w, causal):
+        """Raise ValueError unless this cache keeps every key that a layer
+        (causal or not, with window w or None) may attend to.
+
+        A growing cache (window None) keeps every key. A rolling cache of w
+        slots keeps the last w only: enough for a causal layer whose window
+        is at most w, too few for any other.
+        """
+        if self.w is None:
+            return
+        if not causal or w is None or w > self.w:
+            kind = "causal" if causal else "non-causal"
+            fits = "None" if w is None or not causal else f"None or >= {w}"
+            raise ValueError(
+                f"a cache with window {self.w} keeps only the last {self.w} "
+                f"tokens, too few for a {kind} layer with window {w}: give "
+                f"it a cache with window {fits}"
+            )
 
     def update(self, K, V):
         """Add the keys and values (B, G, T, d_k) of the next T tokens.
@@ -161,10 +184,11 @@ class SelfAttention(nn.Module):
         if cache is not None:
             if mask is not None:
                 raise ValueError("a cached call takes no mask")
+            cache.check_layer(self.w, self.causal)  # it keeps what we need
             K, V, pos_k = cache.update(K, V)  # earlier tokens' keys, values
-        if self.causal:
-            allowed = allowed_positions(pos_q, pos_k, self.w)  # (T, T_k)
-            mask = allowed if mask is None else mask & allowed
+        if self.causal or cache is not None:  # order, window, empty slots
+            allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
+            mask = allowed if mask is None else mask & allowed  # (T, T_k)
         if self.G != self.H:  # each key/value head serves H / G query heads
             K = K.repeat_interleave(self.H // self.G, dim=1)
             V = V.repeat_interleave(self.H // self.G, dim=1)

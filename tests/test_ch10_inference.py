@@ -1,9 +1,12 @@
 """Chapter 10: the shared block with a causal mask equals PyTorch's; the KV
-cache changes no token; grouped-query attention equals PyTorch's fused kernel
-and its special cases; the sliding window and its rolling cache; bad inputs."""
+cache changes no token, never attends to its empty slots and refuses a layer
+it cannot serve; the work it saves as PyTorch's FLOP counter counts it;
+grouped-query attention equals PyTorch's fused kernel and its special cases;
+the sliding window and its rolling cache; sampling; bad inputs."""
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -161,15 +164,72 @@ def test_sampling_frequencies_follow_the_tempered_softmax(temperature, top_k):
 
 def test_sampling_refuses_bad_settings():
     logits = torch.zeros(2, 5)
-    for temperature in (-0.5, -1e-9, float("nan")):
+    for temperature in (-0.5, -1e-9, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="temperature"):
             ch10.sample_next(logits, temperature)
+    # temperatures the logits cannot be divided by: 5 / 1e-39 overflows
+    # float32, 1e300 is infinite in float32, 1e-320 underflows it to 0
+    big = torch.tensor([[5.0, 1.0]])
+    for temperature in (1e-39, 1e300, 1e-320):
+        message = re.escape(f"temperature {temperature} is out of range")
+        with pytest.raises(ValueError, match=message):
+            ch10.sample_next(big, temperature, top_k=1)
+    with pytest.raises(ValueError, match="temperature 1e-300"):
+        ch10.sample_next(big.double() * 1e10, 1e-300)
     with pytest.raises(ValueError, match=r"\(B, vocab\)"):
         ch10.sample_next(torch.zeros(5), 1.0)
     assert torch.equal(
         ch10.sample_next(torch.tensor([[0.0, 1.0], [2.0, 1.0]]), 0),
         torch.tensor([[1], [0]]),
     )
+
+
+# temperatures m 10^e: every tenth e, and every e near float32's limits
+# (1e-45, 3e38) and float64's largest (1.8e308)
+TEMPERATURES = [
+    m * 10.0**e
+    for e in sorted({*range(-300, 301, 10), *range(-46, 40), *range(296, 309)})
+    for m in (1.0, 3.7)
+]
+
+
+@pytest.mark.parametrize(
+    "dtype, scale",
+    [(torch.float32, 1), (torch.float32, 1e-6), (torch.float64, 1e-22)],
+)
+def test_top_1_is_greedy_at_every_temperature_accepted(dtype, scale):
+    """Exercise 1: without ties, top_k=1 draws the largest logit at every
+    temperature sample_next accepts, from 1e-300 to 1e308, for logits of
+    any size; it refuses only those that are infinite in the logits' dtype
+    or overflow the largest logit. (Were the logits divided before top-k, a
+    huge temperature would round small logits into ties with the largest.)"""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(50, 11, generator=gen) * scale).to(dtype)
+    assert len(logits.unique()) == logits.numel()  # no ties
+    greedy = ch10.sample_next(logits, 0)
+    limit = torch.finfo(dtype).max
+    largest = logits.amax(dim=-1).abs().max().item()  # of any row
+    for tau in TEMPERATURES:
+        overflows = tau > limit or largest / tau > limit
+        if overflows:
+            with pytest.raises(ValueError, match="temperature"):
+                ch10.sample_next(logits, tau, 1, generator=gen)
+        else:
+            drawn = ch10.sample_next(logits, tau, 1, generator=gen)
+            assert torch.equal(drawn, greedy), tau
+
+
+def test_top_k_keeps_ties_with_the_kth_logit():
+    """Logits tied with the k-th largest survive top-k (as in nanoGPT), so
+    top-1 on a tie draws among the tied tokens; greedy takes the first."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 2.0, 0.0, 2.0, 1.0]]).expand(600, 5)
+    draws = ch10.sample_next(logits, 1.0, top_k=1, generator=gen).flatten()
+    freq = torch.bincount(draws, minlength=5).double() / 600
+    expected = torch.tensor([1, 1, 0, 1, 0], dtype=torch.float64) / 3
+    assert_close(freq, expected, rtol=0, atol=0.1)
+    assert set(draws.tolist()) == {0, 1, 3}
+    assert ch10.sample_next(logits[:1], 0).item() == 0
 
 
 def test_windows_are_positive_integers():
@@ -209,6 +269,108 @@ def test_kv_cache_of_one_block(G, w):
     assert sorted(cache.pos.tolist()) == list(range(9 - kept, 9))
     assert cache.nbytes() == 2 * 2 * G * kept * 8 * 8
     assert transformer.KVCache(w).nbytes() == 0
+
+
+class AnyLayerCache(transformer.KVCache):
+    """A cache of w slots, empty ones at position -1, that accepts any layer
+    (as a pre-allocated cache might): it lets a test put empty slots before
+    a non-causal layer."""
+
+    def check_layer(self, w, causal):
+        pass
+
+
+def test_allowed_positions_by_hand():
+    """Position -1 (an empty slot) is never allowed, causal or not."""
+    pos_q, pos_k = torch.tensor([5, 6]), torch.tensor([-1, 3, 6, -1, 5])
+    expected = {
+        (None, False): [[0, 1, 1, 0, 1], [0, 1, 1, 0, 1]],
+        (None, True): [[0, 1, 0, 0, 1], [0, 1, 1, 0, 1]],
+        (2, True): [[0, 0, 0, 0, 1], [0, 0, 1, 0, 1]],
+    }
+    for (w, causal), mask in expected.items():
+        got = transformer.allowed_positions(pos_q, pos_k, w, causal)
+        assert torch.equal(got, torch.tensor(mask, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_cache_slots_are_never_attended(causal):
+    """A layer fed 3, then 2 tokens through a cache of 8 slots gives the
+    outputs it gives without a cache, and no weight to an empty slot."""
+    torch.manual_seed(7)
+    attn = transformer.SelfAttention(32, 4, causal=causal).double()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    cache = AnyLayerCache(8)
+    with torch.no_grad():
+        full, _ = attn(x)  # the second call's queries see all 5 tokens
+        alone, _ = attn(x[:, :3])  # the first call's see the first 3
+        first, w1 = attn(x[:, :3], cache=cache)
+        second, w2 = attn(x[:, 3:], cache=cache)
+    assert_close(first, alone, rtol=0, atol=1e-12)
+    assert_close(second, full[:, 3:], rtol=0, atol=1e-12)
+    assert (w1[..., :8] == 0).all()  # 8 empty slots, then the 3 tokens
+    assert (w2[..., 3:8] == 0).all()  # slots 0-2 filled, 3-7 still empty
+
+
+@pytest.mark.parametrize(
+    "cache_w, layer_w, causal",
+    [(4, None, False), (4, None, True), (4, 6, True), (1, 2, True)],
+)
+def test_a_cache_that_forgets_keys_the_layer_needs_is_refused(
+    cache_w, layer_w, causal
+):
+    """A rolling cache keeps the last w tokens: a layer without a window,
+    or with a longer one, refuses it, naming both windows."""
+    attn = transformer.SelfAttention(32, 4, causal=causal, w=layer_w)
+    cache = transformer.KVCache(cache_w)
+    with pytest.raises(
+        ValueError, match=rf"cache with window {cache_w}\b.*window {layer_w}\b"
+    ):
+        attn(torch.zeros(1, 2, 32), cache=cache)
+    assert cache.length == 0 and cache.K is None  # refused before storing
+
+
+def test_a_windowless_gpt_refuses_rolling_caches():
+    """KVCache(4) in a windowless model would change its logits."""
+    model = small_gpt()
+    caches = [transformer.KVCache(4) for _ in model.blocks]
+    with pytest.raises(ValueError, match=r"window 4\b.*window None"):
+        model(torch.arange(6)[None], caches)
+
+
+@pytest.mark.parametrize("cache_w", [None, 3, 5])
+def test_a_cache_keeping_at_least_the_window_changes_nothing(cache_w):
+    """A layer with window 3 and a cache with window 3, 5 or None (growing),
+    fed 5, 1 and 3 tokens, gives the outputs of one call on all 9."""
+    torch.manual_seed(8)
+    block = transformer.DecoderBlock(32, 4, 64, G=2, w=3).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cache = transformer.KVCache(cache_w)
+    with torch.no_grad():
+        full = block(x)
+        parts = [
+            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
+        ]
+    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+
+
+def test_layers_ask_their_cache_with_their_window():
+    """The check is the cache's (one interface for every kind of cache):
+    each layer calls cache.check_layer(w, causal) before using the cache."""
+    calls = []
+
+    class Recording(transformer.KVCache):
+        def check_layer(self, w, causal):
+            calls.append((w, causal))
+            super().check_layer(w, causal)
+
+    model = small_gpt(w=3)
+    with torch.no_grad():
+        model(torch.arange(4)[None], [Recording(3) for _ in model.blocks])
+    attn = transformer.SelfAttention(32, 4)
+    with torch.no_grad():
+        attn(torch.zeros(1, 2, 32), cache=Recording())
+    assert calls == [(3, True), (3, True), (None, False)]
 
 
 # --- the shared block, the cache, grouped-query attention and the window ----
@@ -366,6 +528,23 @@ def test_cache_bytes():
         model(torch.arange(11).repeat(3)[None], caches)
     measured = sum(c.nbytes() for c in caches)
     assert measured == ch10.cache_bytes(2, 2, 8, 33, nbytes=8)
+
+
+@pytest.mark.parametrize("G", [4, 2, 1])
+def test_work_counts_the_multiply_adds(G):
+    """Equation ch10-work equals half the FLOPs (one multiply-add is two)
+    that PyTorch's FLOP counter sees in the matrix products of generate,
+    with and without the cache."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(G)
+    model = ch10.GPT(11, d=32, H=4, layers=3, d_ff=48, G=G).eval()
+    sizes = {"L": 3, "d": 32, "G": G, "d_k": 8, "d_ff": 48, "vocab": 11}
+    for cached in (False, True):
+        with FlopCounterMode(display=False) as counter:
+            ch10.generate(model, torch.arange(5), 7, cached=cached)
+        flops = counter.get_total_flops()
+        assert flops == 2 * ch10.work(7, 5, cached, **sizes)
 
 
 def test_sampling():
