@@ -150,7 +150,7 @@ train-positions: $(STAMP)
 train-additive: $(STAMP)
 	$(BIN)/python tools/train_additive.py
 
-# Chapter 7's trainings in full (1000 epochs each, one thread): weights and
+# Chapter 7's trainings in full (1000 or 300 epochs, one thread): weights and
 # log in book/data/ (then `make outputs NB=book/07_sentiment.ipynb`).
 .PHONY: train-sentiment
 train-sentiment: $(STAMP)
