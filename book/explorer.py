@@ -64,8 +64,10 @@ class AttentionExplorer:
     """What `attention_explorer` returns: `.data` is the JSON-ready payload
     (rounded weights, tokens, names); a notebook displays the HTML."""
 
-    def __init__(self, data):
+    def __init__(self, data, figure=None, first_position=1):
         self.data = data
+        self.figure = figure
+        self.first_position = first_position
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
         self.key = hashlib.sha1(text.encode()).hexdigest()[:12]
         self._json = text.replace("</", "<\\/")
@@ -83,11 +85,20 @@ class AttentionExplorer:
     def _repr_html_(self):
         element_id = f"attention-explorer-{self.key}"
         title = html.escape(self.data["title"])
+        if self.figure is None:  # the default, laid out as it always was
+            caption, noscript = "the same weights", "the same\nweights"
+        else:
+            caption = noscript = html.escape(self.figure)
+        script = _SCRIPT.replace("@ID@", element_id).replace(
+            "@FIRST@", str(self.first_position)
+        )
         return (
             _TEMPLATE.replace("@ID@", element_id)
             .replace("@TITLE@", title)
+            .replace("@FIGURE@", caption)
+            .replace("@FIG_NS@", noscript)
             .replace("@DATA@", self._json)
-            .replace("@SCRIPT@", _SCRIPT.replace("@ID@", element_id))
+            .replace("@SCRIPT@", script)
         )
 
 
@@ -101,6 +112,8 @@ def attention_explorer(
     head_names=None,
     title="Attention weights",
     precision=PRECISION,
+    figure=None,
+    first_position=1,
 ):
     """The interactive explorer of attention weights, for a notebook page.
 
@@ -116,6 +129,11 @@ def attention_explorer(
     sequences, layer_names, head_names: the names in the menus (default
         "sequence 1", "layer 1", "head 1", ...).
     precision: decimals kept in the page (and shown).
+    figure: what the chapter's static figure shows of these weights, for the
+        caption ("the chapter's static figure shows ..."); by default "the
+        same weights".
+    first_position: the number the status line gives the first token (1 by
+        default; 0 for a chapter that counts positions from 0).
 
     Raises ValueError naming the problem when shapes, tokens or weights do not
     fit. Display the result (last expression of a cell) to show it.
@@ -146,6 +164,10 @@ def attention_explorer(
         raise ValueError(f"no layer or no head in shape {shapes[0]}")
     if not isinstance(precision, int) or not 1 <= precision <= 8:
         raise ValueError(f"precision must be an int from 1 to 8: {precision}")
+    if first_position not in (0, 1) or isinstance(first_position, bool):
+        raise ValueError(f"first_position must be 0 or 1: {first_position!r}")
+    if figure is not None and not isinstance(figure, str):
+        raise ValueError(f"figure must be a string: {figure!r}")
 
     n = len(per_sequence)
 
@@ -215,7 +237,7 @@ def attention_explorer(
                 ],
             }
         )
-    return AttentionExplorer(data)
+    return AttentionExplorer(data, figure, first_position)
 
 
 def distance_to_tie(weights, precision=PRECISION):
@@ -260,15 +282,14 @@ _TEMPLATE = """\
 @media print {#@ID@ {display: none}}
 </style>
 <p class="ae-title"><b>@TITLE@</b> (interactive: hover over or click a
-query token; the chapter's static figure shows the same weights)</p>
+query token; the chapter's static figure shows @FIGURE@)</p>
 <script type="application/json" class="attention-explorer-data">@DATA@</script>
 <div class="ae-controls"></div>
 <div class="ae-row ae-queries"></div>
 <div class="ae-row ae-keys"></div>
 <div class="ae-plot"></div>
 <p class="ae-status" aria-live="polite"></p>
-<noscript>The explorer needs JavaScript; the static figure shows the same
-weights.</noscript>
+<noscript>The explorer needs JavaScript; the static figure shows @FIG_NS@.</noscript>
 </div>
 <script>@SCRIPT@</script>
 """
@@ -360,7 +381,7 @@ _SCRIPT = r"""
     if (data.layers.length > 1) { where.push(data.layers[state.l]); }
     if (data.heads.length > 1) { where.push(data.heads[state.h]); }
     where.push("query \u201c" + seq().queries[state.q] + "\u201d (position "
-               + (state.q + 1) + ")");
+               + (state.q + @FIRST@) + ")");
     root.querySelector(".ae-status").textContent = where.join(", ");
     plot(row);
   }

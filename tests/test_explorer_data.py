@@ -192,3 +192,26 @@ def test_distance_to_tie_against_decimal_rounding():
         distance_to_tie(np.array([np.nan]), 3)
     with pytest.raises(ValueError, match="no array"):
         distance_to_tie([], 3)
+
+
+def test_caption_and_first_position_options():
+    A = np.full((1, 1, 1, 2, 2), 0.5)
+    default = attention_explorer(A, ["a", "b"])._repr_html_()
+    assert "static figure shows the same weights)" in default
+    assert '(position "\n               + (state.q + 1) + ")"' in default
+    ex = attention_explorer(
+        A, ["a", "b"], figure="the <first> string", first_position=0
+    )
+    html = ex._repr_html_()
+    assert "figure shows the same" not in html
+    assert "static figure shows the &lt;first&gt; string)" in html
+    assert "static figure shows the &lt;first&gt; string.</noscript>" in html
+    assert "(state.q + 0)" in html and "(state.q + 1)" not in html
+    assert ex.data == attention_explorer(A, ["a", "b"]).data
+    for bad in (
+        {"first_position": 2},
+        {"first_position": True},
+        {"figure": 3},
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            attention_explorer(A, ["a", "b"], **bad)
