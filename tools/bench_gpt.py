@@ -9,7 +9,7 @@
   new tokens; on one thread, the median of REPEATS runs, tokens per CPU
   second (the machine may be shared) -> book/data/bench_gpt_generate.csv.
 
-Times are reported, never asserted by tests. Usage:
+Fresh times are never asserted; chapter 10 asserts bounds on the stored ones. Usage:
 python tools/bench_gpt.py [--no-train]
 """
 
