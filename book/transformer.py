@@ -25,7 +25,7 @@ from torch import nn
 
 def attend(Q, K, V, mask=None):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights)."""
-    scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T, T)
+    scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # each row sums to 1
@@ -188,7 +188,7 @@ class SelfAttention(nn.Module):
             K, V, pos_k = cache.update(K, V)  # earlier tokens' keys, values
         if self.causal or cache is not None:  # order, window, empty slots
             allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
-            mask = allowed if mask is None else mask & allowed  # (T, T_k)
+            mask = allowed if mask is None else check_rows(mask & allowed)
         if self.G != self.H:  # each key/value head serves H / G query heads
             K = K.repeat_interleave(self.H // self.G, dim=1)
             V = V.repeat_interleave(self.H // self.G, dim=1)
@@ -310,6 +310,11 @@ def combine_masks(x, mask, padding_mask):
                 f"{padding_mask.dtype} {tuple(padding_mask.shape)}"
             )
         allowed = allowed & padding_mask[:, None, None, :]
+    return check_rows(allowed)
+
+
+def check_rows(allowed):
+    """Return the boolean mask; raise ValueError if a query has no key."""
     if not allowed.any(dim=-1).all():
         raise ValueError(
             "a query may attend to no key: its softmax is undefined"

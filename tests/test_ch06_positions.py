@@ -53,6 +53,7 @@ SHARED = (
     "RotarySelfAttention",
     "EncoderBlock",
     "combine_masks",
+    "check_rows",
 )
 
 

@@ -403,6 +403,17 @@ def test_causal_block_equals_torch_layer():
         assert_close(decoder(x), encoder(x, causal), rtol=0, atol=1e-6)
 
 
+def test_padding_before_a_causal_query_raises():
+    """Padding at the front leaves the first query no key once the causal
+    mask is applied: the block raises instead of returning a NaN row."""
+    block = transformer.DecoderBlock(8, 2, 16)
+    x = torch.randn(2, 3, 8)
+    front = torch.tensor([[True, True, True], [False, True, True]])
+    with pytest.raises(ValueError, match="no key"):
+        block(x, padding_mask=front)
+    assert not block(x, padding_mask=front.flip(-1)).isnan().any()
+
+
 @pytest.mark.parametrize("G, w", [(None, None), (2, None), (1, 3)])
 def test_cached_equals_uncached(G, w):
     model = small_gpt(G, w)
