@@ -4,9 +4,11 @@ image loaded, tabs and collapsed solutions working, no console errors, no
 request leaving the machine; the dark theme follows the reader's setting.
 
 Only what needs a browser is checked in one: one browser for the module, each
-page opened once (light), the dark theme on one page (it is the same script on
-every page). What the HTML files show without running them (the download
-menu's links, figures opaque for dark mode) is read from the files."""
+page opened once (light) in one of two tabs that load side by side, the dark
+theme on one page (it is the same script on every page), each page's state
+read and its tabs clicked in one call each. What the HTML files show without
+running them (the download menu's links, figures opaque for dark mode) is
+read from the files."""
 
 import re
 import sys
@@ -31,76 +33,118 @@ def toc_pages():
     return files
 
 
+# The theme's script reads prefers-color-scheme; it is the same script on
+# every page, so one page with figures, tabs and math shows it.
+DARK_PAGE = next(d for d in toc_pages() if d.endswith("02_translations"))
+
+
+# Tabs loading pages at once (one browser, one light context): the browser's
+# processes use both cores while the test waits for each page in turn, and a
+# tab that has compiled MathJax and plotly.js once reuses the work.
+IN_FLIGHT = 2
+
+# What is read in the page once it has loaded, in one call: its theme, each
+# math element's typeset containers and TeX errors, the main text (for raw
+# TeX left over), and each image's state.
+PAGE_STATE = """() => ({
+    theme: document.documentElement.dataset.theme,
+    background: getComputedStyle(document.body).backgroundColor,
+    math: Array.from(document.querySelectorAll('div.math, span.math')).map(e => [
+        e.querySelectorAll('mjx-container').length,
+        e.querySelectorAll('mjx-merror, [data-mjx-error]').length]),
+    text: document.querySelector('main').innerText,
+    images: Array.from(document.images).map(i =>
+        [i.getAttribute('src'), i.complete, i.naturalWidth]),
+})"""
+
+
 @pytest.fixture(scope="module")
-def chromium(built_site):
+def rendered(built_site):
+    """{(doc, dark): (state, tabs and solutions, report) or the error}: every
+    page of the table of contents opened once in light mode, and one page in
+    dark mode, IN_FLIGHT at a time in one browser. Each page is read, then
+    its tabs and collapsed solutions are clicked, then it is closed."""
     require_system_tool(
         site_browser.chromium_binary() is not None,
         "Debian's Chromium (the browser test opens every page in it)",
         "apt-get install chromium",
     )
     assert built_site[0] == 0, "the site did not build"
+    results = {}
     with site_browser.browser() as b:
-        yield b
+        for dark, docs in ((False, toc_pages()), (True, [DARK_PAGE])):
+            context = b.new_context(
+                viewport={"width": 1280, "height": 900},
+                color_scheme="dark" if dark else "light",
+            )
+            tabs = [site_browser.new_tab(context) for _ in docs[:IN_FLIGHT]]
+            loading, todo = [], list(docs)
+            while todo or loading:
+                while todo and len(loading) < len(tabs):
+                    page, report = tabs[len(loading)]
+                    site_browser.go(page, report, html_path(todo[0]))
+                    loading.append((todo.pop(0), page, report))
+                doc, page, report = loading.pop(0)
+                results[doc, dark] = read_page(page, report)
+                tabs.append(tabs.pop(tabs.index((page, report))))
+            context.close()
+    return results
+
+
+def read_page(page, report):
+    """(state, tabs and solutions, report) of a loading page, or the error."""
+    try:
+        site_browser.finish_loading(page)
+        state = page.evaluate(PAGE_STATE)
+        clicks = page.evaluate(TABS_AND_SOLUTIONS)
+        return state, clicks, {k: list(v) for k, v in report.items()}
+    except Exception as error:  # reported by that page's test
+        return error
 
 
 def html_path(doc):
     return site_browser.HTML / f"{doc}.html"
 
 
+def result(rendered, doc, dark=False):
+    found = rendered[(doc, dark)]
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
 @pytest.mark.parametrize("doc", toc_pages())
-def test_page_renders_offline(chromium, doc):
-    page, report = site_browser.open_page(chromium, html_path(doc))
-    try:
-        assert report["external_requests"] == []
-        assert report["console_errors"] == []
-        assert report["page_errors"] == []
-        assert (
-            page.evaluate("document.documentElement.dataset.theme") == "light"
-        )
+def test_page_renders_offline(rendered, doc):
+    state, clicks, report = result(rendered, doc)
+    assert report["external_requests"] == []
+    assert report["console_errors"] == []
+    assert report["page_errors"] == []
+    assert state["theme"] == "light"
 
-        # math: every math element typeset by MathJax, no TeX error, no raw TeX
-        math = page.evaluate("""() => Array.from(
-            document.querySelectorAll('div.math, span.math')).map(e => [
-                e.querySelectorAll('mjx-container').length,
-                e.querySelectorAll('mjx-merror, [data-mjx-error]').length])""")
-        assert all(n > 0 for n, _ in math), "math left untypeset"
-        assert all(err == 0 for _, err in math), "MathJax reported a TeX error"
-        text = page.inner_text("main")
-        assert (
-            "$$" not in text
-            and "\\frac" not in text
-            and "\\begin{" not in text
-        )
+    # math: every math element typeset by MathJax, no TeX error, no raw TeX
+    assert all(n > 0 for n, _ in state["math"]), "math left untypeset"
+    assert all(err == 0 for _, err in state["math"]), (
+        "MathJax reported a TeX error"
+    )
+    text = state["text"]
+    assert "$$" not in text and "\\frac" not in text and "\\begin{" not in text
 
-        # every image loaded
-        images = page.evaluate("""() => Array.from(document.images).map(i =>
-            [i.getAttribute('src'), i.complete, i.naturalWidth])""")
-        for src, complete, width in images:
-            assert complete and width > 0, f"image not loaded: {src}"
+    # every image loaded
+    for src, complete, width in state["images"]:
+        assert complete and width > 0, f"image not loaded: {src}"
 
-        check_tabs_and_collapsed_solutions(page)
-    finally:
-        page.context.close()
+    check_tabs_and_collapsed_solutions(clicks)
 
 
-def test_dark_theme_follows_the_readers_setting(chromium):
-    """The theme's script reads prefers-color-scheme (the same script on every
-    page, so one page with figures, tabs and math shows it)."""
-    doc = next(d for d in toc_pages() if d.endswith("02_translations"))
-    page, report = site_browser.open_page(chromium, html_path(doc), dark=True)
-    try:
-        assert report["external_requests"] == []
-        assert report["console_errors"] == []
-        assert (
-            page.evaluate("document.documentElement.dataset.theme") == "dark"
-        )
-        background = page.evaluate(
-            "getComputedStyle(document.body).backgroundColor"
-        )
-        rgb = [int(v) for v in re.findall(r"\d+", background)[:3]]
-        assert sum(rgb) < 3 * 100, f"dark theme, light background {background}"
-    finally:
-        page.context.close()
+def test_dark_theme_follows_the_readers_setting(rendered):
+    state, _, report = result(rendered, DARK_PAGE, dark=True)
+    assert report["external_requests"] == []
+    assert report["console_errors"] == []
+    assert state["theme"] == "dark"
+    rgb = [int(v) for v in re.findall(r"\d+", state["background"])[:3]]
+    assert sum(rgb) < 3 * 100, (
+        f"dark theme, light background {state['background']}"
+    )
 
 
 # Playwright's rule for is_visible() (not hidden by the browser's own check,
@@ -132,16 +176,15 @@ TABS_AND_SOLUTIONS = """() => {
 }"""
 
 
-def check_tabs_and_collapsed_solutions(page):
+def check_tabs_and_collapsed_solutions(clicks):
     """sphinx-design tabs: clicking each label shows its own panel only;
     collapsed solution cells (tag hide-cell): hidden until clicked, and a
-    click opens that one only."""
-    result = page.evaluate(TABS_AND_SOLUTIONS)
-    for tab_set in result["tabs"]:
+    click opens that one only (clicks: what TABS_AND_SOLUTIONS returned)."""
+    for tab_set in clicks["tabs"]:
         assert tab_set["labels"] == tab_set["panels"] >= 2
         for i, visible in enumerate(tab_set["after"]):
             assert visible == [j == i for j in range(len(visible))]
-    for k, solution in enumerate(result["solutions"]):
+    for k, solution in enumerate(clicks["solutions"]):
         # before the click on solution k: solutions 0 .. k-1 open, k closed
         assert solution["before"][: k + 1] == [True] * k + [False]
         assert solution["after"] == [

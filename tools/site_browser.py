@@ -73,10 +73,28 @@ def open_page(b, path, dark=False, width=1280, height=900, timeout=30000):
     console errors and the requests that tried to leave the machine.
     timeout: milliseconds for the load and for MathJax (the PDF's single
     page of the whole book needs more on a busy machine)."""
+    page, report = start_page(b, path, dark, width, height, timeout)
+    finish_loading(page, timeout)
+    return page, report
+
+
+def start_page(b, path, dark=False, width=1280, height=900, timeout=30000):
+    """Start loading a built page in a context of its own and return at once
+    (page, report); finish_loading waits for it."""
     context = b.new_context(
         viewport={"width": width, "height": height},
         color_scheme="dark" if dark else "light",
     )
+    page, report = new_tab(context)
+    go(page, report, path, timeout)
+    return page, report
+
+
+def new_tab(context):
+    """A tab of the context, (page, report): report collects the console
+    errors, page errors and requests that tried to leave the machine. A tab
+    can open one page after another (go): the scripts it has compiled once
+    (MathJax, plotly.js) are compiled faster the next time."""
     page = context.new_page()
     report = {"console_errors": [], "external_requests": [], "page_errors": []}
 
@@ -96,9 +114,22 @@ def open_page(b, path, dark=False, width=1280, height=900, timeout=30000):
         ),
     )
     page.on("pageerror", lambda e: report["page_errors"].append(str(e)))
+    return page, report
+
+
+def go(page, report, path, timeout=30000):
+    """Start loading a built page in the tab and return at once, with the
+    tab's report emptied for it."""
+    for found in report.values():
+        found.clear()
     page.goto(
-        Path(path).resolve().as_uri(), wait_until="load", timeout=timeout
+        Path(path).resolve().as_uri(), wait_until="commit", timeout=timeout
     )
+
+
+def finish_loading(page, timeout=30000):
+    """Wait for the page's load event and, if it has math, for MathJax."""
+    page.wait_for_load_state("load", timeout=timeout)
     # MathJax typesets asynchronously: wait for it when the page has math
     page.wait_for_function(
         "() => !document.querySelector('.math') || "
@@ -109,4 +140,3 @@ def open_page(b, path, dark=False, width=1280, height=900, timeout=30000):
     page.evaluate(
         "() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null"
     )
-    return page, report
