@@ -159,7 +159,7 @@ class SelfAttention(nn.Module):
             raise ValueError("a window w needs causal=True")
         self.H, self.G, self.d_k = H, G, d // H
         self.causal, self.w = causal, w
-        # [W_Q | W_K | W_V] and biases: d + 2 G d_k outputs, 3 d when G = H
+        # W_QKV and b_QKV: d + 2 G d_k outputs, 3 d when G = H
         self.in_proj = nn.Linear(d, d + 2 * G * self.d_k)
         self.out_proj = nn.Linear(d, d)  # W_O and b_O
 
