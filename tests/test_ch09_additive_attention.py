@@ -22,7 +22,7 @@ def tiny():
     )  # (d_s, d_a) = (2, 3)
     W2 = torch.tensor(
         [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
-    )  # (d_h, d_a) = (2, 3)
+    )  # (d_k, d_a) = (2, 3)
     v = torch.tensor([1.0, 2.0, -1.0])
     return s, H, W, W1, W2, v
 
@@ -71,13 +71,13 @@ def test_scores_by_hand(ch09):
 @pytest.mark.parametrize("batch", [(), (3,), (2, 4)])
 def test_score_shapes(ch09, batch):
     gen = torch.Generator().manual_seed(0)
-    d_s, d_h, d_a, n = 5, 4, 6, 7
-    s_same = torch.randn(*batch, d_h, generator=gen)
+    d_s, d_k, d_a, n = 5, 4, 6, 7
+    s_same = torch.randn(*batch, d_k, generator=gen)
     s = torch.randn(*batch, d_s, generator=gen)
-    H = torch.randn(*batch, n, d_h, generator=gen)
-    W = torch.randn(d_s, d_h, generator=gen)
+    H = torch.randn(*batch, n, d_k, generator=gen)
+    W = torch.randn(d_s, d_k, generator=gen)
     W1 = torch.randn(d_s, d_a, generator=gen)
-    W2 = torch.randn(d_h, d_a, generator=gen)
+    W2 = torch.randn(d_k, d_a, generator=gen)
     v = torch.randn(d_a, generator=gen)
     assert ch09.score_dot(s_same, H).shape == (*batch, n)
     assert ch09.score_scaled_dot(s_same, H).shape == (*batch, n)
@@ -181,7 +181,7 @@ def test_attention_module_equals_a_loop_over_keys(ch09):
     mask = torch.arange(n) < torch.tensor(lengths)[:, None]
     with torch.no_grad():
         context, weights = attn(s, H, mask)
-        W1, W2 = attn.W1.weight, attn.W2.weight  # (d_a, d_s), (d_a, d_h)
+        W1, W2 = attn.W1.weight, attn.W2.weight  # (d_a, d_s), (d_a, d_k)
         v = attn.v.weight[0]
         for b, length in enumerate(lengths):
             e = [
@@ -517,7 +517,7 @@ def test_decoder_step_follows_the_equations(ch09, attend):
     assert (weights is not None) == attend
 
 
-def test_greedy_decoding_starts_from_bos_and_h_n(ch09):
+def test_greedy_decoding_starts_from_bos_and_k_n(ch09):
     model = small_model(ch09, attend=True, seed=4)
     src_b, len_b, _, _ = small_batch(ch09)
     pred, weights = model.greedy_decode(src_b, len_b, steps=2)
