@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chapter_loader import BOOK, load_chapter
@@ -46,4 +47,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(1):  # NumPy's BLAS on one thread, as torch's
+        main()
