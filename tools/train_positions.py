@@ -6,7 +6,8 @@ state_dict}) and the log (book/data/fill_train_log.csv: one row per model and
 step with its loss; in each model's last row the accuracy on the blanks of
 the chapter's test set of each length, acc_8 ... acc_64, and the seconds the
 training took, wall_s and cpu_s, which the chapter does not print). The
-chapter loads the weights and checks that they reach the logged accuracies.
+chapter loads the weights and recomputes the logged accuracies at T = 16 and
+32; tests/test_ch06_positions.py recomputes all seven lengths.
 
 Usage: python tools/train_positions.py [--steps N]
 """
