@@ -9,14 +9,17 @@ by default so that chapter 6's classes are unchanged:
   attention; `G = 1` is multi-query attention, `G = H` chapter 6's);
 - `causal=True`: query i attends to keys j <= i only, and with a window
   `w`, to the last w of them (j > i - w, sliding-window attention);
-- a key/value cache (`KVCache`): keys and values of earlier tokens kept
-  between calls, so that a generator feeds one new token per step; with a
-  window, a rolling cache of w slots. A layer asks its cache
-  `cache.check_layer(w, causal)` before using it, and never attends to an
-  empty slot (position -1), causal or not.
+- a key/value cache: keys and values of earlier tokens kept between
+  calls, so that a generator feeds one new token per step. `Cache` is the
+  interface every cache implements (what a layer asks of it, in one
+  place); `KVCache` grows, or with a window is a rolling cache of w slots.
+  A layer asks its cache `cache.check_layer(w, causal)` before using it,
+  and never attends to an empty slot (position -1), causal or not.
 
 Masks are boolean, True where a query may attend to a key.
 """
+
+from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
@@ -56,41 +59,104 @@ def check_window(w):
 
 
 def allowed_positions(pos_q, pos_k, w=None, causal=True):
-    """Mask from absolute positions: (T_q, T_k), True where i may see j.
+    """Mask from absolute positions: True where the query at i may see j.
 
-    A key position of -1 marks an empty cache slot, never attended, causal
-    or not. With causal=True, the query at position i may attend to the key
-    at position j if j <= i and, with a window w, j > i - w.
+    Positions (T_q,) and (T_k,), shared by every row, give a (T_q, T_k)
+    mask; positions per batch row, (B, T_q) and (B, T_k), give (B, 1, T_q,
+    T_k), one mask per row for all its heads. A key position of -1 marks an
+    empty cache slot, never attended, causal or not. With causal=True, the
+    query at position i may attend to the key at position j if j <= i and,
+    with a window w, j > i - w.
     """
-    i, j = pos_q[:, None], pos_k[None, :]
-    allowed = (j >= 0).expand(len(pos_q), -1)  # every key but empty slots
+    i, j = pos_q[..., :, None], pos_k[..., None, :]
+    allowed = (j >= 0).expand(*pos_q.shape, -1)  # every key but empty slots
     if causal:
         allowed = allowed & (j <= i)
     if w is not None:
         allowed = allowed & (j > i - w)
-    return allowed
+    return allowed if pos_q.dim() == 1 else allowed[:, None]
 
 
-class KVCache:
+class Cache(ABC):
+    """The interface of a key/value cache for one attention layer: what
+    `SelfAttention.forward` asks of it, and what a generator may ask.
+
+    - `length`: the tokens seen so far (an attribute);
+    - `capacity`: the token slots it can hold, None if it grows unbounded;
+    - `check_layer(w, causal)`: raise ValueError unless it keeps every key
+      that such a layer may attend to;
+    - `next_positions(T)`: the positions of the next T tokens, (T,) shared
+      by every row, or (B, T) for a cache whose rows have their own;
+    - `update(K, V)`: store the keys and values (B, G, T, d_k) of the next T
+      tokens; return the keys, values and key positions that these tokens'
+      queries may need, positions shaped as next_positions gives them, -1
+      for an empty slot;
+    - `nbytes()`: the bytes of the keys and values it holds now;
+    - `crop(n)`: keep only the first n tokens (drop rejected draft tokens);
+      ValueError if n < 0, n > length, or if tokens it must keep are gone.
+    """
+
+    length = 0  # tokens seen so far
+    capacity = None  # token slots; None: grows without bound
+
+    @abstractmethod
+    def check_layer(self, w, causal):
+        """Raise ValueError unless every key such a layer may see is kept."""
+
+    def next_positions(self, T):
+        """Positions of the next T tokens: (T,), the same for every row."""
+        return torch.arange(self.length, self.length + T)
+
+    @abstractmethod
+    def update(self, K, V):
+        """Store K, V (B, G, T, d_k); (keys, values, positions) to attend."""
+
+    @abstractmethod
+    def nbytes(self):
+        """Bytes of the keys and values held now."""
+
+    @abstractmethod
+    def crop(self, n):
+        """Keep only the first n tokens; ValueError if that is impossible."""
+
+    def check_crop(self, n):
+        """Raise ValueError unless 0 <= n <= length (an integer)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"crop(n) needs an integer n >= 0, got {n!r}")
+        if n > self.length:
+            raise ValueError(
+                f"cannot crop to {n} tokens: the cache has seen only "
+                f"{self.length}"
+            )
+
+
+class KVCache(Cache):
     """Keys and values of the tokens seen so far, for one attention layer.
 
     Without a window the cache grows by one row per token. With a window w
-    it is a rolling buffer of w slots: the token at position p is written to
-    slot p % w, over the token at p - w, which no later query may see.
+    it is a rolling buffer of w + spare slots: the token at position p is
+    written to slot p % (w + spare), over the token at p - w - spare, which
+    no later query may see. Spare slots let `crop` drop up to `spare` of
+    the latest tokens and still keep the w before the new last one.
     """
 
-    def __init__(self, w=None):
+    def __init__(self, w=None, spare=0):
         check_window(w)
+        if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+            raise ValueError(f"spare must be an integer >= 0, got {spare!r}")
+        if w is None and spare:
+            raise ValueError("spare slots need a window w: a growing cache")
         self.w, self.length = w, 0  # length: tokens seen so far
+        self.capacity = None if w is None else w + spare  # token slots
         self.K = self.V = self.pos = None
 
     def check_layer(self, w, causal):
         """Raise ValueError unless this cache keeps every key that a layer
         (causal or not, with window w or None) may attend to.
 
-        A growing cache (window None) keeps every key. A rolling cache of w
-        slots keeps the last w only: enough for a causal layer whose window
-        is at most w, too few for any other.
+        A growing cache (window None) keeps every key. A rolling cache for
+        window w keeps the last w at least: enough for a causal layer whose
+        window is at most w, too few for any other.
         """
         if self.w is None:
             return
@@ -110,7 +176,7 @@ class KVCache:
         need: everything cached before them followed by them.
         """
         T = K.shape[-2]
-        pos = torch.arange(self.length, self.length + T)
+        pos = self.next_positions(T)
         if self.K is None:
             self.start(K)
         keys = torch.cat([self.K, K], dim=-2)
@@ -119,8 +185,8 @@ class KVCache:
         if self.w is None:
             self.K, self.V, self.pos = keys, values, positions
         else:
-            keep = min(T, self.w)  # only the last w tokens can be seen again
-            slots = pos[-keep:] % self.w
+            keep = min(T, self.capacity)  # only the last slots can be seen
+            slots = pos[-keep:] % self.capacity
             self.K[..., slots, :] = K[..., -keep:, :]
             self.V[..., slots, :] = V[..., -keep:, :]
             self.pos[slots] = pos[-keep:]
@@ -128,9 +194,9 @@ class KVCache:
         return keys, values, positions
 
     def start(self, K):
-        """Empty tensors shaped like K: no slots, or w empty slots (-1)."""
+        """Empty tensors shaped like K: no slots, or `capacity` empty (-1)."""
         B, G, _, d_k = K.shape
-        n = 0 if self.w is None else self.w
+        n = 0 if self.capacity is None else self.capacity
         self.K = K.new_zeros(B, G, n, d_k)
         self.V = K.new_zeros(B, G, n, d_k)
         self.pos = torch.full((n,), -1, dtype=torch.long)
@@ -140,6 +206,27 @@ class KVCache:
         if self.K is None:
             return 0
         return self.K.nelement() * self.K.element_size() * 2
+
+    def crop(self, n):
+        """Keep the first n tokens: a growing cache truncates; a rolling one
+        empties the slots of tokens n and later, and needs the w tokens
+        before n (all of them if n < w) still in their slots."""
+        self.check_crop(n)
+        if self.w is not None:
+            oldest = max(0, self.length - self.capacity)  # earlier: gone
+            if max(0, n - self.w) < oldest:
+                raise ValueError(
+                    f"cannot crop to {n} tokens: this rolling cache of "
+                    f"{self.capacity} slots for window {self.w} has "
+                    f"overwritten tokens before {oldest}; it can crop to "
+                    f"{oldest + self.w} or more (more spare slots: further)"
+                )
+            if self.pos is not None:
+                self.pos[self.pos >= n] = -1  # their slots are empty again
+        elif self.K is not None:
+            self.K, self.V = self.K[..., :n, :], self.V[..., :n, :]
+            self.pos = self.pos[:n]
+        self.length = n
 
 
 class SelfAttention(nn.Module):
@@ -163,10 +250,10 @@ class SelfAttention(nn.Module):
         self.in_proj = nn.Linear(d, d + 2 * G * self.d_k)
         self.out_proj = nn.Linear(d, d)  # W_O and b_O
 
-    def heads(self, x, start=0):
+    def heads(self, x, positions=None):
         """Queries (B, H, T, d_k), keys and values (B, G, T, d_k) of x.
 
-        `start` is the position of x's first token (used by rotary heads).
+        `positions` are those of x's tokens (used by rotary heads).
         """
         B, T, _ = x.shape
         q, kv = self.in_proj(x).split(
@@ -177,10 +264,10 @@ class SelfAttention(nn.Module):
         return Q, K, V
 
     def forward(self, x, mask=None, cache=None):
-        start = 0 if cache is None else cache.length
-        Q, K, V = self.heads(x, start)
         T = x.shape[1]
-        pos_q = pos_k = torch.arange(start, start + T)
+        pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
+        Q, K, V = self.heads(x, pos_q)
+        pos_k = pos_q
         if cache is not None:
             if mask is not None:
                 raise ValueError("a cached call takes no mask")
@@ -250,10 +337,9 @@ class RotarySelfAttention(SelfAttention):
                 f"rotary positions need an even head size, got d_k={self.d_k}"
             )
 
-    def heads(self, x, start=0):
+    def heads(self, x, positions=None):
         Q, K, V = super().heads(x)  # Q (B, H, T, d_k), K and V (B, G, T, d_k)
-        positions = torch.arange(start, start + x.shape[1])
-        return rotary(Q, positions), rotary(K, positions), V
+        return rotary(Q, positions), rotary(K, positions), V  # None: 0...T-1
 
 
 class EncoderBlock(nn.Module):

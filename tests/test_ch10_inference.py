@@ -602,3 +602,62 @@ def test_bad_inputs():
             torch.ones(1, 1, dtype=torch.bool),
             ch10.KVCache(),
         )
+
+
+# ------------------------------------------------ the printed source, last
+# As in tests/test_ch06_positions.py: the chapter prints what it imports from
+# book/gpt.py and book/transformer.py, and the stored output must be the
+# module's current source. These fail on any edit of those functions until
+# `make outputs`; they come last so that `make mutants` (pytest -x) names the
+# behavioural test that catches a planted bug, not this one.
+
+PRINTED = ("GPT", "get_batch", "train", "validation_loss")
+
+
+def chapter_code_cells():
+    """(source, outputs) of every code cell of chapter 10."""
+    import json
+
+    from conftest import BOOK
+
+    cells = json.loads((BOOK / "10_inference.ipynb").read_text("utf-8"))
+    return [
+        ("".join(c["source"]), c.get("outputs", []))
+        for c in cells["cells"]
+        if c["cell_type"] == "code"
+    ]
+
+
+@pytest.mark.parametrize("name", [*PRINTED, "SelfAttention.forward"])
+def test_chapter_prints_the_module_source(name):
+    """Each piece is printed once, and the stored output is its source."""
+    import inspect
+
+    import gpt
+
+    owner, _, attribute = name.partition(".")
+    module = transformer if owner == "SelfAttention" else gpt
+    obj = getattr(module, owner)
+    obj = getattr(obj, attribute) if attribute else obj
+    shown = [
+        "".join(
+            "".join(o["text"]) for o in outputs if o.get("name") == "stdout"
+        )
+        for code, outputs in chapter_code_cells()
+        if f"inspect.getsource({name})" in code
+    ]
+    assert len(shown) == 1, name
+    assert inspect.getsource(obj) in shown[0], f"{name}: output differs"
+
+
+@pytest.mark.parametrize("name", PRINTED)
+def test_chapter_uses_the_module_and_defines_none_again(name):
+    import ast
+
+    import gpt
+
+    assert getattr(ch10, name) is getattr(gpt, name)
+    for code, _ in chapter_code_cells():
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                assert node.name != name

@@ -24,8 +24,10 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chapter_loader import BOOK
+from chapter_loader import BOOK  # puts book/ on the path
 from train_gpt import STEPS, setup, train_one
+
+import gpt  # book/gpt.py
 
 NEW_TOKENS = (128, 256, 512)
 PROMPT = 16
@@ -57,7 +59,7 @@ def bench_training(ch, chars, train_data):
 
 def bench_generation(ch, chars, val_data):
     torch.set_num_threads(1)
-    model = ch.GPT(len(chars), **ch.MODEL)
+    model = gpt.GPT(len(chars), **ch.MODEL)
     model.load_state_dict(torch.load(BOOK / ch.WEIGHTS[4]))
     prompt = val_data[:PROMPT]
     assert PROMPT + max(NEW_TOKENS) <= model.context

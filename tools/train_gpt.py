@@ -4,7 +4,8 @@ trained for STEPS steps on tiny Shakespeare. Stores their weights
 (book/data/gpt_G4.pt, book/data/gpt_G1.pt, float32 state_dicts) and the
 training log (book/data/gpt_train_log.csv: one row per step, the validation
 loss on the chapter's fixed validation slice in each model's last row). The
-chapter loads the weights and checks that they reach the logged loss.
+model and its training are book/gpt.py's, the data and sizes chapter 10's;
+the chapter loads the weights and checks that they reach the logged loss.
 
 Usage: python tools/train_gpt.py [--steps N]
 """
@@ -17,7 +18,9 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chapter_loader import BOOK, load_chapter
+from chapter_loader import BOOK, load_chapter  # puts book/ on the path
+
+import gpt  # book/gpt.py
 
 STEPS = 600
 GROUPS = (4, 1)  # G = H (multi-head), G = 1 (multi-query)
@@ -37,8 +40,8 @@ def setup():
 def train_one(ch, chars, train_data, G, steps):
     """A freshly initialised GPT with G key/value heads, trained."""
     torch.manual_seed(0)
-    model = ch.GPT(len(chars), **ch.MODEL, G=G)
-    losses = ch.train(model, train_data, steps)
+    model = gpt.GPT(len(chars), **ch.MODEL, G=G)
+    losses = gpt.train(model, train_data, steps)
     return model, losses
 
 
@@ -51,7 +54,7 @@ def main():
     rows = []
     for G in GROUPS:
         model, losses = train_one(ch, chars, train_data, G, args.steps)
-        val = ch.validation_loss(model, x_val, y_val)
+        val = gpt.validation_loss(model, x_val, y_val)
         print(f"G = {G}: train loss {losses[-1]:.3f}, validation {val:.4f}")
         torch.save(model.state_dict(), BOOK / "data" / f"gpt_G{G}.pt")
         for step, loss in enumerate(losses):
