@@ -1,4 +1,4 @@
-"""Chapter 10's GPT and its training, shared by the chapters on inference.
+"""Chapter 10's GPT and its training, in a module for the chapter and tools/.
 
 A character-level GPT built from the decoder block of transformer.py, the
 training loop that fits it (`get_batch`, `train`) and the loss that judges

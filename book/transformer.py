@@ -86,7 +86,8 @@ class Cache(ABC):
     - `check_layer(w, causal)`: raise ValueError unless it keeps every key
       that such a layer may attend to;
     - `next_positions(T)`: the positions of the next T tokens, (T,) shared
-      by every row, or (B, T) for a cache whose rows have their own;
+      by every row, or (B, T) for a cache whose rows have their own (only
+      layers without rotary positions take those: `rotary` needs (T,));
     - `update(K, V)`: store the keys and values (B, G, T, d_k) of the next T
       tokens; return the keys, values and key positions that these tokens'
       queries may need, positions shaped as next_positions gives them, -1
