@@ -138,7 +138,8 @@ class KVCache(Cache):
     it is a rolling buffer of w + spare slots: the token at position p is
     written to slot p % (w + spare), over the token at p - w - spare, which
     no later query may see. Spare slots let `crop` drop up to `spare` of
-    the latest tokens and still keep the w before the new last one.
+    the latest tokens: it keeps the w tokens before the new next one, one
+    more than that token's query needs (j > n - w).
     """
 
     def __init__(self, w=None, spare=0):
@@ -211,7 +212,8 @@ class KVCache(Cache):
     def crop(self, n):
         """Keep the first n tokens: a growing cache truncates; a rolling one
         empties the slots of tokens n and later, and needs the w tokens
-        before n (all of them if n < w) still in their slots."""
+        before n (all of them if n < w) still in their slots: one more than
+        the next query, at n, attends to."""
         self.check_crop(n)
         if self.w is not None:
             oldest = max(0, self.length - self.capacity)  # earlier: gone
