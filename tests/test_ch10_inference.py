@@ -50,6 +50,17 @@ def torch_layer(block):
 # --- the baselines, the data, training and sampling as the text states -------
 
 
+def assert_fed_in_parts_equals_one_call(block, x, cache):
+    """x (B, 9, d) fed through the cache as 5, 1 and 3 tokens gives the
+    outputs of one uncached call on all 9."""
+    with torch.no_grad():
+        full = block(x)
+        parts = [
+            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
+        ]
+    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+
+
 def test_unigram_and_bigram_baselines_equal_counting_by_hand():
     """Unigram: -mean log of the training text's character frequencies.
     Bigram: -mean log (count(a, b) + 1) / (count(a, .) + vocab), the next
@@ -257,12 +268,7 @@ def test_kv_cache_of_one_block(G, w):
     block = transformer.DecoderBlock(32, 4, 64, G=G, w=w).double().eval()
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     cache = transformer.KVCache(w)
-    with torch.no_grad():
-        full = block(x)
-        parts = [
-            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
-        ]
-    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+    assert_fed_in_parts_equals_one_call(block, x, cache)
     assert cache.length == 9
     kept = 9 if w is None else w
     assert cache.K.shape == cache.V.shape == (2, G, kept, 8)
@@ -346,12 +352,7 @@ def test_a_cache_keeping_at_least_the_window_changes_nothing(cache_w):
     block = transformer.DecoderBlock(32, 4, 64, G=2, w=3).double().eval()
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     cache = transformer.KVCache(cache_w)
-    with torch.no_grad():
-        full = block(x)
-        parts = [
-            block(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))
-        ]
-    assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+    assert_fed_in_parts_equals_one_call(block, x, cache)
 
 
 def test_layers_ask_their_cache_with_their_window():
