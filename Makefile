@@ -125,7 +125,9 @@ outputs: $(STAMP)
 # Chapter 8's measurements: median time, GFLOP/s and peak extra memory of
 # each attention program for T = 256 ... 4096 (a few minutes; run it on a
 # quiet machine, then `make outputs NB=book/08_efficient_attention.ipynb`);
-# then chapter 7's training times (printed only).
+# then chapter 7's training times (printed only); chapter 10's training and
+# generation times (tools/bench_gpt.py); chapter 11's prefill, decode,
+# bandwidth and per-operation times (tools/bench_token_cost.py, seconds).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
