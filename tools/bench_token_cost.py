@@ -1,9 +1,10 @@
-"""Chapter 11's measurements (`make bench`), on one thread, in CPU seconds
-(the median of REPEATS runs; wall seconds are recorded too, since the
-machine may be shared):
+"""Chapter 11's measurements (`make bench`), all in one run on one machine,
+on one thread, in CPU seconds (the median of REPEATS runs; wall seconds are
+recorded too, since the machine may be shared):
 
-- prefill: chapter 10's stored GPT (book/data/gpt_G4.pt) called on T
-  tokens, T in PREFILL_T;
+- prefill: chapter 10's stored GPT (book/gpt.py's class, chapter 11's
+  sizes MODEL, weights book/data/gpt_G4.pt) called on T tokens, T in
+  PREFILL_T;
 - decode: the same model called on one token after a cache of n tokens,
   n in DECODE_N (the cache is put back after each call);
 - read bandwidth: bytes per second of summing a float32 tensor of
@@ -11,11 +12,17 @@ machine may be shared):
 - small operation: `a + b` on two tensors of 64 numbers, per call;
 - decode operations: the ATen operations of one decode step (n = 128),
   recorded with chapter 11's OpLog and replayed one after the other
-  without the model's Python code around them, per operation.
+  without the model's Python code around them, per operation;
+- matmul ceiling: float32 GFLOP/s of a MATMUL x MATMUL matrix product,
+  timed by tools/bench_attention.py's function (`matmul_ceiling`, chapter
+  8's compute roof), here on the thread's CPU clock;
+- generate: chapter 10's greedy generation with and without the cache
+  after a 16-character prompt, 128, 256 and 512 new tokens, timed by
+  tools/bench_gpt.py's function (`generation_rows`).
 
 FLOPs and bytes of each step come from chapter 11's equation ch11-cost
-(its function `cost`). One row per measurement, with the machine's name ->
-book/data/bench_token_cost.csv. Fresh times are never asserted; chapter 11
+(its function `cost`). One row per measurement, each with the machine's
+name -> book/data/bench_token_cost.csv. Fresh times are never asserted; chapter 11
 asserts bounds on the stored ones. Usage: python tools/bench_token_cost.py
 """
 
@@ -30,21 +37,22 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gpt
+from bench_attention import parse_args
 from bench_attention_output import cpu_model
-from chapter_loader import BOOK, load_chapter
+from bench_attention_timing import matmul_ceiling
+from chapter_loader import BOOK, load_chapter  # puts book/ on the path
+from train_gpt import setup
+
+import gpt  # book/gpt.py
 
 PREFILL_T = (16, 64, 128, 512)
 DECODE_N = (16, 128, 512)
 REPLAY_N = 128
 BANDWIDTH_MIB = 256
+MATMUL = 2048  # as tools/bench_attention.py's ceiling
 REPEATS = 5
 CSV = BOOK / "data" / "bench_token_cost.csv"
-
-
-def gpt_class():
-    """Chapter 10's GPT and its sizes (the one place that loads them)."""
-    ch10 = load_chapter("10_inference.ipynb")
-    return ch10.GPT, ch10.MODEL
 
 
 def timed(fn, calls):
@@ -88,6 +96,7 @@ def row(measurement, cpu, wall, calls, T=None, n=None, ops=None, **more):
         "cpu_s": cpu,
         "wall_s": wall,
         "calls": calls,
+        "repeats": REPEATS,
         **more,
     }
 
@@ -151,20 +160,43 @@ def bench_bandwidth():
     return [row("read bandwidth", cpu, wall, calls, bytes=x.nbytes)]
 
 
+def bench_matmul():
+    """Chapter 8's compute roof, by tools/bench_attention.py's function."""
+    args = parse_args(["--matmul-size", str(MATMUL), "--clock", "cpu"])
+    gflops, median, repeats = matmul_ceiling(args)
+    flops = 2 * MATMUL**3
+    assert abs(flops / median / 1e9 - gflops) < 1e-9 * gflops
+    return [
+        row("matmul ceiling", median, None, 1, T=MATMUL, flops=flops)
+        | {"repeats": repeats}
+    ]
+
+
+def bench_generation():
+    """Chapter 10's generators, by tools/bench_gpt.py's function."""
+    ch10, chars, _, val_data = setup()
+    rows = []
+    for r in bench_gpt.generation_rows(ch10, chars, val_data):
+        name = "generate, " + ("cached" if r["cached"] else "uncached")
+        rows.append(
+            row(name, r["cpu_s"], r["wall_s"], 1, T=bench_gpt.PROMPT)
+            | {"n": r["new_tokens"], "repeats": bench_gpt.REPEATS}
+        )
+    return rows
+
+
 def main():
     torch.set_num_threads(1)
     ch11 = load_chapter("11_token_cost.ipynb")
-    GPT, MODEL = gpt_class()
     state = torch.load(BOOK / "data" / "gpt_G4.pt")
-    model = GPT(state["embed.weight"].shape[0], **MODEL).eval()
+    model = gpt.GPT(state["embed.weight"].shape[0], **ch11.MODEL).eval()
     model.load_state_dict(state)
     with torch.no_grad():
         rows = bench_steps(ch11, model) + bench_operations(ch11, model)
-    rows += bench_bandwidth()
+    rows += bench_bandwidth() + bench_matmul() + bench_generation()
     table = pd.DataFrame(rows)
     table["gflop_per_s"] = table.flops / table.cpu_s / 1e9
     table["gb_per_s"] = table.bytes / table.cpu_s / 1e9
-    table["repeats"] = REPEATS
     table["threads"] = torch.get_num_threads()
     model_name = cpu_model() or platform.processor() or platform.machine()
     table["machine"] = f"{model_name}, {__import__('os').cpu_count()} cores"
