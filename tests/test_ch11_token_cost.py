@@ -9,10 +9,11 @@ import random
 import pytest
 import torch
 from conftest import load_chapter
+from gpt import GPT
 from torch.utils.flop_counter import FlopCounterMode
 
 ch11 = load_chapter("11_token_cost.ipynb")
-ch10 = load_chapter("10_inference.ipynb")
+ch10 = load_chapter("10_inference.ipynb")  # its sizes and its work count
 
 
 def random_configs(count, seed=11):
@@ -35,7 +36,7 @@ def random_configs(count, seed=11):
 def model_of(config, seed=0):
     torch.manual_seed(seed)
     sizes = {k: v for k, v in config.items() if k != "vocab"}
-    return ch10.GPT(config["vocab"], **sizes).eval()
+    return GPT(config["vocab"], **sizes).eval()
 
 
 def counted(model, T, n, B=1):
@@ -100,7 +101,7 @@ def test_intensity_of_decode_is_2_over_b_when_G_equals_H():
 
 
 def test_sizes_read_from_the_model():
-    model = ch10.GPT(13, d=24, H=6, layers=3, d_ff=50, G=2)
+    model = GPT(13, d=24, H=6, layers=3, d_ff=50, G=2)
     assert ch11.sizes(model) == {
         "L": 3,
         "d": 24,
@@ -109,6 +110,10 @@ def test_sizes_read_from_the_model():
         "d_ff": 50,
         "vocab": 13,
     }
+
+
+def test_model_sizes_are_chapter_10s():
+    assert ch11.MODEL == ch10.MODEL
 
 
 def test_oplog_records_every_operation():
