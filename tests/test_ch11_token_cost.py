@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 from conftest import load_chapter
-from gpt import GPT
 from torch.utils.flop_counter import FlopCounterMode
+
+from gpt import GPT
 
 ch11 = load_chapter("11_token_cost.ipynb")
 ch10 = load_chapter("10_inference.ipynb")  # its sizes and its work count
