@@ -41,7 +41,7 @@ help:
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
-	@echo "                    chapter 11's prefill, decode, bandwidth and per-operation times"
+	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times"
 	@echo "make train          every chapter's full training (train-gpt, train-positions, train-sentiment,"
 	@echo "                    train-additive): weights and logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
@@ -127,7 +127,8 @@ outputs: $(STAMP)
 # quiet machine, then `make outputs NB=book/08_efficient_attention.ipynb`);
 # then chapter 7's training times (printed only); chapter 10's training and
 # generation times (tools/bench_gpt.py); chapter 11's prefill, decode,
-# bandwidth and per-operation times (tools/bench_token_cost.py, seconds).
+# bandwidth, per-operation, matmul-ceiling and generation times, one machine
+# in one run (tools/bench_token_cost.py, seconds).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
