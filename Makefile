@@ -40,7 +40,8 @@ help:
 	@echo "                    (PORTABLE=generic or PORTABLE=two-threads: one variant)"
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
-	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times"
+	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
+	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times"
 	@echo "make train          every chapter's full training (train-gpt, train-positions, train-sentiment,"
 	@echo "                    train-additive): weights and logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
@@ -124,13 +125,17 @@ outputs: $(STAMP)
 # Chapter 8's measurements: median time, GFLOP/s and peak extra memory of
 # each attention program for T = 256 ... 4096 (a few minutes; run it on a
 # quiet machine, then `make outputs NB=book/08_efficient_attention.ipynb`);
-# then chapter 7's training times (printed only).
+# then chapter 7's training times (printed only); chapter 10's training and
+# generation times (tools/bench_gpt.py); chapter 11's prefill, decode,
+# bandwidth, per-operation, matmul-ceiling and generation times, one machine
+# in one run (tools/bench_token_cost.py, seconds).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
 	    --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
 	$(BIN)/python tools/bench_sentiment.py
 	$(BIN)/python tools/bench_gpt.py
+	$(BIN)/python tools/bench_token_cost.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt

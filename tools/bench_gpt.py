@@ -57,7 +57,10 @@ def bench_training(ch, chars, train_data):
     )
 
 
-def bench_generation(ch, chars, val_data):
+def generation_rows(ch, chars, val_data):
+    """Greedy generation with and without the cache, one row per length and
+    generator: median CPU and wall seconds of REPEATS runs, on one thread
+    (also chapter 11's measurement, tools/bench_token_cost.py)."""
     torch.set_num_threads(1)
     model = gpt.GPT(len(chars), **ch.MODEL)
     model.load_state_dict(torch.load(BOOK / ch.WEIGHTS[4]))
@@ -85,7 +88,11 @@ def bench_generation(ch, chars, val_data):
                     "tokens_per_s": round(n / cpu, 1),
                 }
             )
-    pd.DataFrame(rows).to_csv(
+    return rows
+
+
+def bench_generation(ch, chars, val_data):
+    pd.DataFrame(generation_rows(ch, chars, val_data)).to_csv(
         BOOK / "data" / "bench_gpt_generate.csv", index=False
     )
 
