@@ -328,6 +328,7 @@ class Decoder:
         """Logits (B, T, vocab) of tokens (B, T) after the cached ones."""
         B, T = tokens.shape
         H, G, d_k, d = self.H, self.G, self.d_k, self.d
+        caches[0].check_room(T)  # before the tables are indexed
         pos_q = caches[0].next_positions(T)  # (T,) or (B, T)
         x = F.embedding(tokens, self.embed)  # (B, T, d)
         for (n1w, n1b, Wi, bi, Wo, bo, n2w, n2b, W1, b1, W2, b2), cache in zip(
