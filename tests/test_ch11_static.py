@@ -130,6 +130,11 @@ def test_batch_cache_positions_per_row():
     K = torch.randn(3, 2, 4, 5)
     cache.update(K, K)
     cache.crop_rows(torch.tensor([4, 1, 2]))
+    assert cache.pos[:, :4].tolist() == [
+        [0, 1, 2, 3],
+        [0, -1, -1, -1],
+        [0, 1, -1, -1],
+    ]
     assert cache.next_positions(2).tolist() == [[4, 5], [1, 2], [2, 3]]
     keys, _, pos = cache.update(K[:, :, :1], K[:, :, :1])
     assert pos.tolist() == [
