@@ -136,6 +136,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_sentiment.py
 	$(BIN)/python tools/bench_gpt.py
 	$(BIN)/python tools/bench_token_cost.py
+	$(BIN)/python tools/bench_static.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt

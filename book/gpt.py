@@ -5,13 +5,28 @@ training loop that fits it (`get_batch`, `train`) and the loss that judges
 it (`validation_loss`). Chapter 10 imports them from here and prints them;
 tools/train_gpt.py trains the stored weights (data/gpt_G4.pt, gpt_G1.pt)
 with them, so the parameter names are those of the stored state dicts.
+
+Chapter 11 adds what decoding fast needs: `StaticCache`, buffers allocated
+once and written in place; `BatchCache`, the same with a length per batch
+row; `Decoder`, a GPT's weights read once and stepped with fewer small
+operations (each saving an option, to measure it); `greedy` and
+`greedy_batch`, greedy decoders for one prompt or for prompts of different
+lengths decoded together.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer import DecoderBlock, KVCache
+from transformer import (
+    Cache,
+    DecoderBlock,
+    KVCache,
+    allowed_positions,
+    attend,
+    frequencies,
+    rotary,
+)
 
 
 class GPT(nn.Module):
@@ -96,3 +111,325 @@ def validation_loss(model, x, y, rows=64):
             logits.flatten(0, 1), y[i : i + rows].flatten(), reduction="sum"
         ).item()
     return total / y.numel()
+
+
+class StaticCache(Cache):
+    """Keys and values of one layer in buffers of `capacity` token slots,
+    allocated at the first update and written in place: no torch.cat per
+    step. Token p sits in slot p; `update` returns views of the slots
+    filled so far, so a query sees exactly the growing cache's keys."""
+
+    def __init__(self, capacity):
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise ValueError(f"capacity must be an integer, got {capacity!r}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity, self.length = capacity, 0
+        self.K = self.V = None
+        self.slots = torch.arange(capacity)  # the position held by each slot
+
+    def check_layer(self, w, causal):
+        """Every key up to `capacity` is kept: any layer may use it."""
+
+    def check_room(self, T):
+        """Raise ValueError unless T more tokens fit."""
+        if self.length + T > self.capacity:
+            raise ValueError(
+                f"{self.length + T} tokens exceed the capacity of "
+                f"{self.capacity} of this static cache"
+            )
+
+    def allocate(self, K):
+        """Buffers (B, G, capacity, d_k) shaped and typed like K."""
+        B, G, _, d_k = K.shape
+        self.K = K.new_zeros(B, G, self.capacity, d_k)
+        self.V = K.new_zeros(B, G, self.capacity, d_k)
+
+    def update(self, K, V):
+        """Write K, V (B, G, T, d_k) into the next T slots; return views of
+        the keys, values and positions of every token so far."""
+        T = K.shape[-2]
+        self.check_room(T)
+        if self.K is None:
+            self.allocate(K)
+        end = self.length + T
+        self.K[..., self.length : end, :] = K  # in place, no new tensor
+        self.V[..., self.length : end, :] = V
+        self.length = end
+        return self.K[..., :end, :], self.V[..., :end, :], self.slots[:end]
+
+    def nbytes(self):
+        """Bytes of the buffers: all `capacity` slots, from the first update."""
+        if self.K is None:
+            return 0
+        return self.K.nelement() * self.K.element_size() * 2
+
+    def crop(self, n):
+        """Keep the first n tokens: later slots are overwritten next."""
+        self.check_crop(n)
+        self.length = n
+
+
+class BatchCache(StaticCache):
+    """A static cache whose B rows hold sequences of different lengths:
+    row b's token p sits in slot p, slots past its length are empty
+    (position -1), and its next token goes to slot `lengths[b]`.
+    `length` is the slots in use, the longest row's length."""
+
+    def __init__(self, capacity, B):
+        super().__init__(capacity)
+        if isinstance(B, bool) or not isinstance(B, int) or B < 1:
+            raise ValueError(f"B must be an integer >= 1, got {B!r}")
+        self.lengths = torch.zeros(B, dtype=torch.long)  # tokens per row
+        self.pos = torch.full((B, capacity), -1)  # (B, capacity), -1: empty
+
+    def next_positions(self, T):
+        """Positions of the next T tokens of each row: (B, T)."""
+        return self.lengths[:, None] + torch.arange(T)
+
+    def update(self, K, V):
+        """Write each row's T new tokens after its own; return views of the
+        slots in use, with positions (B, slots), -1 where a row has none."""
+        B, G, T, d_k = K.shape
+        if B != len(self.lengths):
+            raise ValueError(
+                f"this cache has {len(self.lengths)} rows, got {B}"
+            )
+        self.check_room(T)
+        if self.K is None:
+            self.allocate(K)
+        pos = self.next_positions(T)  # (B, T): the slots to write
+        index = pos[:, None, :, None].expand(B, G, T, d_k)
+        self.K.scatter_(2, index, K)
+        self.V.scatter_(2, index, V)
+        self.pos.scatter_(1, pos, pos)
+        self.lengths += T
+        self.length = int(self.lengths.max())
+        end = self.length
+        return self.K[..., :end, :], self.V[..., :end, :], self.pos[:, :end]
+
+    def check_room(self, T):
+        if int(self.lengths.max()) + T > self.capacity:
+            raise ValueError(
+                f"{int(self.lengths.max()) + T} tokens exceed the capacity "
+                f"of {self.capacity} of this batch cache"
+            )
+
+    def crop_rows(self, lengths):
+        """Keep the first lengths[b] tokens of each row b (lengths (B,))."""
+        lengths = torch.as_tensor(lengths)
+        if lengths.shape != self.lengths.shape or lengths.is_floating_point():
+            raise ValueError(
+                f"lengths must be {len(self.lengths)} integers, got "
+                f"{lengths.dtype} {tuple(lengths.shape)}"
+            )
+        if (lengths < 0).any() or (lengths > self.lengths).any():
+            raise ValueError(
+                f"cannot crop rows to {lengths.tolist()} tokens: they hold "
+                f"{self.lengths.tolist()}"
+            )
+        self.pos[self.pos >= lengths[:, None]] = -1  # their slots are empty
+        self.lengths = lengths.clone()
+        self.length = int(lengths.max())
+
+    def crop(self, n):
+        """Keep at most the first n tokens of every row."""
+        self.check_crop(n)
+        self.crop_rows(self.lengths.clamp(max=n))
+
+
+class Decoder:
+    """A GPT's weights, read once, stepped without nn.Module calls.
+
+    `step` computes what `GPT.forward` does, with the levers chapter 11
+    measures as options: `tables`, rotary cos and sin computed once for
+    `capacity` positions (else `rotary` at each step); `mask=False`, no
+    mask for one new token that may see every cached key (no window,
+    positions shared by the rows); `fused`, PyTorch's fused
+    scaled_dot_product_attention instead of `attend`. Queries and keys
+    are rotated together, in one pass.
+    """
+
+    def __init__(self, model, capacity, tables=True, mask=False, fused=True):
+        if not isinstance(model, GPT):
+            raise ValueError(
+                f"model must be a GPT, got {type(model).__name__}"
+            )
+        attn = model.blocks[0].self_attn
+        self.H, self.G, self.d_k, self.w = attn.H, attn.G, attn.d_k, model.w
+        self.d = model.embed.weight.shape[1]
+        self.capacity = capacity
+        if capacity > model.context and model.w is None:
+            raise ValueError(
+                f"capacity {capacity} exceeds the model's context of "
+                f"{model.context}"
+            )
+        self.tables, self.mask, self.fused = tables, mask, fused
+        p = {k: v.detach() for k, v in model.named_parameters()}
+        self.embed = p["embed.weight"]
+        self.layers = [
+            [
+                p[f"blocks.{i}.{name}"]
+                for name in (
+                    "norm1.weight",
+                    "norm1.bias",
+                    "self_attn.in_proj.weight",
+                    "self_attn.in_proj.bias",
+                    "self_attn.out_proj.weight",
+                    "self_attn.out_proj.bias",
+                    "norm2.weight",
+                    "norm2.bias",
+                    "linear1.weight",
+                    "linear1.bias",
+                    "linear2.weight",
+                    "linear2.bias",
+                )
+            ]
+            for i in range(len(model.blocks))
+        ]
+        self.norm = p["norm.weight"], p["norm.bias"]
+        self.readout = p["readout.weight"], p["readout.bias"]
+        dtype = self.embed.dtype
+        angles = torch.arange(capacity).to(dtype)[:, None] * frequencies(
+            self.d_k, dtype
+        )  # as `rotary` computes them: (capacity, d_k / 2)
+        self.cos, self.sin = angles.cos(), angles.sin()
+
+    def new_caches(self, B=None):
+        """One StaticCache per layer, or a BatchCache of B rows."""
+        if B is None:
+            return [StaticCache(self.capacity) for _ in self.layers]
+        return [BatchCache(self.capacity, B) for _ in self.layers]
+
+    def rotate(self, x, pos):
+        """Rotate x (B, T, heads, d_k) by positions (T,) or (B, T)."""
+        if not self.tables:
+            rows = x.transpose(1, 2)  # (B, heads, T, d_k): rotary's layout
+            if pos.dim() == 1:
+                return rotary(rows, pos).transpose(1, 2)
+            return torch.stack(
+                [rotary(r, p).transpose(0, 1) for r, p in zip(rows, pos)]
+            )
+        cos, sin = self.cos[pos][..., None, :], self.sin[pos][..., None, :]
+        x1, x2 = x[..., 0::2], x[..., 1::2]  # first and second of each pair
+        rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+        return rotated.flatten(-2)
+
+    def attention(self, Q, K, V, mask):
+        """Attention of Q (B, H, T, d_k) over K, V (B, G, T_k, d_k)."""
+        if self.G != self.H:  # each key/value head serves H / G query heads
+            K = K.repeat_interleave(self.H // self.G, dim=1)
+            V = V.repeat_interleave(self.H // self.G, dim=1)
+        if self.fused:
+            return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+        return attend(Q, K, V, mask)[0]
+
+    def step(self, tokens, caches):
+        """Logits (B, T, vocab) of tokens (B, T) after the cached ones."""
+        B, T = tokens.shape
+        H, G, d_k, d = self.H, self.G, self.d_k, self.d
+        caches[0].check_room(T)  # before the tables are indexed
+        pos_q = caches[0].next_positions(T)  # (T,) or (B, T)
+        x = F.embedding(tokens, self.embed)  # (B, T, d)
+        for (n1w, n1b, Wi, bi, Wo, bo, n2w, n2b, W1, b1, W2, b2), cache in zip(
+            self.layers, caches
+        ):
+            h = F.linear(F.layer_norm(x, (d,), n1w, n1b), Wi, bi)
+            qk = self.rotate(
+                h[..., : (H + G) * d_k].view(B, T, H + G, d_k), pos_q
+            )
+            Q, K = qk.transpose(1, 2).split([H, G], dim=1)
+            V = h[..., (H + G) * d_k :].view(B, T, G, d_k).transpose(1, 2)
+            K, V, pos_k = cache.update(K, V)
+            mask = None
+            if self.mask or T > 1 or pos_q.dim() == 2 or self.w is not None:
+                mask = allowed_positions(pos_q, pos_k, self.w)
+            out = self.attention(Q, K, V, mask).transpose(1, 2)
+            x = x + F.linear(out.reshape(B, T, d), Wo, bo)
+            h = F.relu(F.linear(F.layer_norm(x, (d,), n2w, n2b), W1, b1))
+            x = x + F.linear(h, W2, b2)
+        return F.linear(F.layer_norm(x, (d,), *self.norm), *self.readout)
+
+
+def check_prompt(prompt, name="the prompt"):
+    """Raise ValueError unless prompt is a non-empty 1-d tensor of ids."""
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1:
+        raise ValueError(f"{name} must be a 1-d tensor of token ids")
+    if len(prompt) == 0:
+        raise ValueError(f"{name} is empty: there is no last token to extend")
+    if prompt.is_floating_point():
+        raise ValueError(f"{name} must hold integer token ids")
+
+
+def check_new(n_new):
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 1:
+        raise ValueError(f"n_new must be an integer >= 1, got {n_new!r}")
+
+
+def greedy(model, prompt, n_new, caches="growing"):
+    """The prompt (T,) and n_new greedy tokens after it; the logits of each
+    step (n_new, vocab). `model` is a GPT or a Decoder; `caches`: "growing"
+    (KVCache), "static" (StaticCache) or None (no cache: every step runs the
+    model over all tokens so far); a Decoder always uses static caches."""
+    check_prompt(prompt)
+    check_new(n_new)
+    P = len(prompt)
+    tokens = torch.empty(P + n_new, dtype=torch.long)  # written in place
+    tokens[:P] = prompt
+    if isinstance(model, Decoder):
+        cache_list, forward = model.new_caches(), model.step
+    elif caches in ("growing", "static", None):
+        forward = model
+        cache_list = {
+            "growing": model.new_caches,
+            "static": lambda: [StaticCache(P + n_new) for _ in model.blocks],
+            None: lambda: None,
+        }[caches]()
+    else:
+        raise ValueError(
+            f'caches must be "growing", "static" or None, got {caches!r}'
+        )
+    step_logits, step_input = [], tokens[None, :P]
+    for t in range(P, P + n_new):
+        logits = forward(step_input, cache_list)[0, -1]  # (vocab,)
+        tokens[t] = logits.argmax()
+        step_logits.append(logits)
+        cached = cache_list is not None
+        step_input = (
+            tokens[None, t : t + 1] if cached else tokens[None, : t + 1]
+        )
+    return tokens, torch.stack(step_logits)
+
+
+def greedy_batch(decoder, prompts, n_new):
+    """Greedy decoding of B prompts of different lengths together: a list
+    of B tensors, each prompt followed by its n_new tokens, and the logits
+    (B, n_new, vocab). The prompts are right-padded into one prefill call
+    (a causal query never sees the padding after it); each row's cache is
+    then cropped to its own length, and every step feeds one token per row
+    at that row's own position."""
+    if not isinstance(decoder, Decoder):
+        raise ValueError("greedy_batch needs a Decoder (model.Decoder(...))")
+    if len(prompts) == 0:
+        raise ValueError("the batch holds no prompt")
+    for b, prompt in enumerate(prompts):
+        check_prompt(prompt, f"prompt {b} of the batch")
+    check_new(n_new)
+    B, lengths = len(prompts), torch.tensor([len(p) for p in prompts])
+    padded = torch.zeros(B, int(lengths.max()), dtype=torch.long)
+    for b, prompt in enumerate(prompts):
+        padded[b, : len(prompt)] = prompt  # right padding, token 0
+    caches = decoder.new_caches(B)
+    logits = decoder.step(padded, caches)  # (B, P_max, vocab)
+    for cache in caches:
+        cache.crop_rows(lengths)
+    logits = logits[torch.arange(B), lengths - 1]  # each row's last token
+    new = torch.empty(B, n_new, dtype=torch.long)
+    step_logits = []
+    for s in range(n_new):
+        new[:, s] = logits.argmax(dim=-1)
+        step_logits.append(logits)
+        if s + 1 < n_new:
+            logits = decoder.step(new[:, s : s + 1], caches)[:, -1]
+    outputs = [torch.cat([p, row]) for p, row in zip(prompts, new)]
+    return outputs, torch.stack(step_logits, dim=1)
