@@ -126,10 +126,11 @@ class SinkCache(Cache):
         return 2 * self.K.nelement() * self.K.element_size()
 
     def crop(self, n):
-        """Keep the first n tokens, if their last w are still held."""
+        """Keep the first n tokens, if the keys that the query at n will
+        see (the sinks and n - w < j < n) are still held."""
         self.check_crop(n)
         oldest = max(self.s, self.length - self.w)  # earlier: overwritten
-        if n > self.s and max(self.s, n - self.w) < oldest:
+        if max(self.s, n - self.w + 1) < oldest:
             raise ValueError(
                 f"cannot crop to {n} tokens: this sink cache has overwritten "
                 f"the tokens from {self.s} to {oldest - 1}"
