@@ -1,5 +1,6 @@
 """Chapter 11's losses past the training length and with an 8-bit cache
-(`make long-context`, part of `make bench`): too slow for the page, so stored
+(`make long-context`, part of `make train`
+after train-gpt, whose weights it reads): too slow for the page, so stored
 in book/data/long_context.csv, which the chapter reads and re-checks on a
 slice.
 
