@@ -157,6 +157,7 @@ def test_quantize_zero_row_and_given_scale():
     x = torch.tensor([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5]])
     codes, scale = caches.quantize(x, dim=-1)
     assert torch.equal(caches.dequantize(codes, scale)[0], x[0])
+    assert scale[0].item() == 1 and codes[0].eq(0).all()  # not 0 / 0
     for bad in (0.0, -1.0, torch.tensor([[1.0], [0.0]])):
         with pytest.raises(ValueError, match="scale must be > 0"):
             caches.quantize(x, -1, scale=bad)
