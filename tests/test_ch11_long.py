@@ -1,0 +1,268 @@
+"""Chapter 11, past the training length and an 8-bit cache: book/caches.py
+against independent references, on sizes and prompts the chapter never
+prints (a random float64 GPT with G = 2 key/value heads)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import caches
+from gpt import GPT
+from transformer import KVCache, SelfAttention, rotary
+
+VOCAB, T, S, W = 11, 40, 3, 7
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(5)
+    net = GPT(VOCAB, d=16, H=4, layers=2, d_ff=32, G=2).double().eval()
+    return net.requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(
+        VOCAB, (2, T), generator=torch.Generator().manual_seed(3)
+    )
+
+
+def reference(model, tokens, s, w, in_cache):
+    """Logits (T, vocab) of one row, every query computed on its own: it
+    sees the keys 0..s-1 and i-w < j <= i, rotated at their positions in the
+    text, or (in_cache) at their places in the list of kept keys."""
+    x = model.embed(tokens)  # (T, d)
+    for block in model.blocks:
+        attn = block.self_attn
+        Q, K, V = SelfAttention.heads(attn, block.norm1(x)[None])  # unrotated
+        K = K.repeat_interleave(attn.H // attn.G, dim=1)[0]  # (H, T, d_k)
+        V = V.repeat_interleave(attn.H // attn.G, dim=1)[0]
+        rows = []
+        for i in range(len(tokens)):
+            kept = sorted(
+                set(range(min(s, i + 1)))
+                | set(range(max(0, i - w + 1), i + 1))
+            )
+            pos = torch.arange(len(kept)) if in_cache else torch.tensor(kept)
+            q = rotary(Q[0][:, [i]], pos[-1:])  # (H, 1, d_k)
+            k = rotary(K[:, kept], pos)
+            weights = (q @ k.transpose(-2, -1) / math.sqrt(attn.d_k)).softmax(
+                -1
+            )
+            rows.append((weights @ V[:, kept])[:, 0].reshape(-1))  # (d,)
+        y = x + attn.out_proj(torch.stack(rows))
+        x = y + block.linear2(F.relu(block.linear1(block.norm2(y))))
+    return model.readout(model.norm(x))
+
+
+@pytest.mark.parametrize("scheme", ["cache", "absolute"])
+@pytest.mark.parametrize("s", [0, 1, S])
+def test_sink_cache_equals_reference(model, tokens, scheme, s):
+    made = [caches.SinkCache(s, W, scheme) for _ in model.blocks]
+    logits = caches.stepwise_logits(model, tokens, made)
+    for row in range(len(tokens)):
+        expected = reference(model, tokens[row], s, W, scheme == "cache")
+        torch.testing.assert_close(logits[row], expected, rtol=0, atol=1e-10)
+
+
+def test_sink_schemes_differ_only_past_capacity(model, tokens):
+    a, b = (
+        caches.stepwise_logits(
+            model,
+            tokens,
+            [caches.SinkCache(S, W, scheme) for _ in model.blocks],
+        )
+        for scheme in ("cache", "absolute")
+    )
+    torch.testing.assert_close(
+        a[:, : S + W], b[:, : S + W], rtol=0, atol=1e-12
+    )
+    assert (a[:, S + W :] - b[:, S + W :]).abs().amax() > 1e-3
+
+
+def test_no_sinks_is_the_rolling_cache(model, tokens):
+    windowed = GPT(VOCAB, d=16, H=4, layers=2, d_ff=32, G=2, w=W).double()
+    windowed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        full = windowed(tokens)  # the band mask, one pass
+    rolling = caches.stepwise_logits(windowed, tokens, windowed.new_caches())
+    sinks = caches.stepwise_logits(
+        model, tokens, [caches.SinkCache(0, W) for _ in model.blocks]
+    )
+    torch.testing.assert_close(sinks, rolling, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sinks, full, rtol=0, atol=1e-10)
+
+
+def test_sink_cache_prefill_within_capacity(model, tokens):
+    made = [caches.SinkCache(S, W) for _ in model.blocks]
+    with torch.no_grad():
+        first = model(tokens[:, : S + W], made)  # one call, no eviction yet
+        full = model(tokens[:, : S + W])
+    torch.testing.assert_close(first, full, rtol=0, atol=1e-12)
+    assert made[0].nbytes() == 2 * 2 * 2 * (S + W) * 4 * 8  # B G slots d_k f64
+    with pytest.raises(ValueError, match="one token per call"):
+        model(tokens[:, S + W : S + W + 2], made)
+
+
+def test_sink_cache_crop(model, tokens):
+    made = [caches.SinkCache(S, W) for _ in model.blocks]
+    caches.stepwise_logits(model, tokens[:, :20], made)
+    with pytest.raises(ValueError, match="overwritten"):
+        made[0].crop(15)
+    kept = [caches.SinkCache(S, W) for _ in model.blocks]
+    before = caches.stepwise_logits(model, tokens[:, :20], kept)
+    for cache in kept:
+        cache.crop(19)  # drop the last token, then feed it again
+    again = caches.stepwise_logits(model, tokens[:, 19:20], kept)
+    torch.testing.assert_close(again[:, 0], before[:, -1], rtol=0, atol=1e-12)
+
+
+def test_sink_cache_bad_input(model):
+    for args, word in (
+        ((-1, 4), "sinks"),
+        ((1, 0), "window"),
+        ((1, 4, "text"), "scheme"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            caches.SinkCache(*args)
+    with pytest.raises(ValueError, match="without a window"):
+        caches.SinkCache(1, 4).check_layer(4, True)
+    with pytest.raises(ValueError, match="causal"):
+        caches.SinkCache(1, 4).check_layer(None, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [-1, -2])
+def test_quantize_error_bound(dtype, dim):
+    gen = torch.Generator().manual_seed(11)
+    x = (
+        torch.randn(3, 5, 9, 6, generator=gen)
+        * torch.rand(6, generator=gen)
+        * 40
+    ).to(dtype)
+    codes, scale = caches.quantize(x, dim)
+    assert codes.dtype == torch.int8 and scale.shape[dim] == 1
+    expected = np.abs(x.numpy()).max(axis=dim, keepdims=True) / 127
+    np.testing.assert_allclose(scale.numpy(), expected, rtol=1e-6)
+    error = (x - caches.dequantize(codes, scale)).abs()
+    eps = torch.finfo(dtype).eps * x.abs().amax()
+    assert (error <= scale / 2 + eps).all()
+    assert codes.abs().amax(dim=dim).eq(127).all()  # the absmax uses 127
+
+
+def test_quantize_zero_row_and_given_scale():
+    x = torch.tensor([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5]])
+    codes, scale = caches.quantize(x, dim=-1)
+    assert torch.equal(caches.dequantize(codes, scale)[0], x[0])
+    assert scale[0].item() == 1 and codes[0].eq(0).all()  # not 0 / 0
+    for bad in (0.0, -1.0, torch.tensor([[1.0], [0.0]])):
+        with pytest.raises(ValueError, match="scale must be > 0"):
+            caches.quantize(x, -1, scale=bad)
+    with pytest.raises(ValueError, match="beyond 127 scales"):
+        caches.quantize(x, -1, scale=0.01)
+    codes, _ = caches.quantize(x, -1, scale=0.5)
+    assert codes[1].tolist() == [2, -4, 1]
+
+
+def per_token_reference(x):
+    """Each vector of the last axis rounded to 255 levels of its absmax."""
+    a = x.numpy()
+    scale = np.abs(a).max(axis=-1, keepdims=True) / 127
+    scale[scale == 0] = 1
+    return np.round(a / scale) * scale
+
+
+def test_int8_cache_per_token(model):
+    gen = torch.Generator().manual_seed(2)
+    K, V = (
+        torch.randn(2, 3, 13, 8, generator=gen, dtype=torch.float64)
+        for _ in "KV"
+    )
+    cache = caches.Int8Cache("token")
+    for a, b in ((0, 5), (5, 6), (6, 13)):  # calls of 5, 1 and 7 tokens
+        keys, values, pos = cache.update(K[..., a:b, :], V[..., a:b, :])
+    np.testing.assert_allclose(
+        keys.numpy(), per_token_reference(K), rtol=0, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        values.numpy(), per_token_reference(V), rtol=0, atol=1e-12
+    )
+    assert pos.tolist() == list(range(13)) and cache.length == 13
+    assert cache.nbytes() == 2 * 3 * 13 * (2 * 8 + 2 * 8)  # codes + f64 scales
+    cache.crop(4)
+    keys, _, _ = cache.update(K[..., 4:6, :], V[..., 4:6, :])
+    np.testing.assert_allclose(
+        keys.numpy(), per_token_reference(K[..., :6, :]), atol=1e-12
+    )
+
+
+def test_int8_cache_per_channel():
+    gen = torch.Generator().manual_seed(4)
+    K = torch.randn(1, 2, 23, 6, generator=gen) * torch.tensor(
+        [1, 30, 1, 1, 5, 1.0]
+    )
+    cache = caches.Int8Cache("channel", group=8)
+    for t in range(23):  # one token per call: groups of 8 fill up
+        keys, _, _ = cache.update(K[..., [t], :], K[..., [t], :])
+    for g in range(2):  # two full groups, one scale per channel each
+        block = K[..., 8 * g : 8 * g + 8, :]
+        scale = block.abs().amax(dim=-2, keepdim=True) / 127
+        assert (
+            (keys[..., 8 * g : 8 * g + 8, :] - block)
+            .abs()
+            .le(scale / 2 + 1e-6)
+            .all()
+        )
+    assert torch.equal(keys[..., 16:, :], K[..., 16:, :])  # the rest: exact
+    # per head: key codes 16 x 6, value codes 23 x 6, value scales 23 x 4
+    # bytes, key scales 2 groups x 6 x 4, the rest 7 x 6 x 4 (float32)
+    assert cache.nbytes() == 2 * (
+        16 * 6 + 23 * 6 + 23 * 4 + 2 * 6 * 4 + 7 * 6 * 4
+    )
+    cache.crop(
+        12
+    )  # into the second group: its first 4 keys return to the rest
+    again, _, _ = cache.update(K[..., 12:16, :], K[..., 12:16, :])
+    assert torch.equal(again[..., :8, :], keys[..., :8, :])
+    assert (
+        cache.parts["K"].shape[-2] == 16
+        and cache.parts["K_rest"].shape[-2] == 0
+    )
+
+
+def test_int8_cache_in_the_model_is_close(model, tokens):
+    for keys in ("token", "channel"):
+        made = [caches.Int8Cache(keys, group=4) for _ in model.blocks]
+        logits = caches.stepwise_logits(model, tokens, made)
+        exact = caches.stepwise_logits(
+            model, tokens, [KVCache() for _ in model.blocks]
+        )
+        gap = (logits - exact).abs().amax()
+        assert 0 < gap < 0.05
+
+
+def test_int8_and_helpers_bad_input(model, tokens):
+    with pytest.raises(ValueError, match="keys must be"):
+        caches.Int8Cache("row")
+    with pytest.raises(ValueError, match="group size"):
+        caches.Int8Cache("channel", group=0)
+    with pytest.raises(ValueError, match="one per block"):
+        caches.stepwise_logits(model, tokens, [KVCache()])
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        caches.stepwise_logits(model, tokens[0], model.new_caches())
+    with pytest.raises(ValueError, match="do not match"):
+        caches.position_losses(torch.zeros(2, 5, VOCAB), tokens[:, :4])
+
+
+def test_position_losses(tokens):
+    logits = torch.randn(
+        2, T, VOCAB, generator=torch.Generator().manual_seed(0)
+    )
+    per = caches.position_losses(logits, tokens)
+    expected = F.cross_entropy(
+        logits.double().transpose(1, 2), tokens, reduction="none"
+    ).mean(0)
+    torch.testing.assert_close(per, expected, rtol=0, atol=1e-12)
