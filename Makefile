@@ -41,7 +41,7 @@ help:
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times"
-	@echo "make train          every chapter's full training (train-gpt, train-positions, train-sentiment,"
+	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-positions, train-sentiment,"
 	@echo "                    train-additive): weights and logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
@@ -131,11 +131,19 @@ bench: $(STAMP)
 	    --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
 	$(BIN)/python tools/bench_sentiment.py
 	$(BIN)/python tools/bench_gpt.py
+	$(BIN)/python tools/bench_speculative.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt
 train-gpt: $(STAMP)
 	$(BIN)/python tools/train_gpt.py
+
+# Chapter 11's draft model for speculative decoding: chapter 10's GPT with
+# one layer, trained the same way on one thread (book/data/gpt_draft.pt and
+# its log, CPU and wall seconds).
+.PHONY: train-gpt-draft
+train-gpt-draft: $(STAMP)
+	$(BIN)/python tools/train_gpt_draft.py
 
 # Chapter 6's four forward-fill models, trained in full on one thread:
 # weights and log in book/data/ (the chapter loads them).
@@ -159,7 +167,7 @@ train-sentiment: $(STAMP)
 # Every training target, one after the other (each trains on one thread and
 # logs its CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all).
 .PHONY: train
-train: train-gpt train-positions train-sentiment train-additive
+train: train-gpt train-gpt-draft train-positions train-sentiment train-additive
 
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).
