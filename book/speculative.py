@@ -58,9 +58,14 @@ def speculative(model, draft, prompt, n_new, k, spare=None):
     """
     check_prompt(prompt, n_new)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k, the tokens proposed per round, must be >= 1: {k!r}")
+        raise ValueError(
+            f"k, the tokens proposed per round, must be >= 1: {k!r}"
+        )
     spare = k if spare is None else spare
-    main_caches, draft_caches = new_caches(model, spare), new_caches(draft, spare)
+    main_caches, draft_caches = (
+        new_caches(model, spare),
+        new_caches(draft, spare),
+    )
     tokens, proposed, accepted = prompt.tolist(), 0, 0
     goal = len(tokens) + n_new
     while len(tokens) < goal:
