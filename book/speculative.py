@@ -61,11 +61,11 @@ def speculative(model, draft, prompt, n_new, k, spare=None):
         raise ValueError(
             f"k, the tokens proposed per round, must be >= 1: {k!r}"
         )
+    if draft.readout.out_features != model.readout.out_features:
+        raise ValueError("the draft and the main model need the same vocab")
     spare = k if spare is None else spare
-    main_caches, draft_caches = (
-        new_caches(model, spare),
-        new_caches(draft, spare),
-    )
+    main_caches = new_caches(model, spare)
+    draft_caches = new_caches(draft, spare)
     tokens, proposed, accepted = prompt.tolist(), 0, 0
     goal = len(tokens) + n_new
     while len(tokens) < goal:
