@@ -134,6 +134,7 @@ def paged():
 def test_paged_cache_equals_contiguous(models, paged):
     main = models[0]
     pool = paged.PagePool(40, G=2, d_k=8, dtype=torch.float64)
+    pool.free.reverse()  # any order: here pages handed out from the last
     caches = [paged.PagedCache(pool) for _ in main.blocks]
     rival = [paged.PagedCache(pool) for _ in main.blocks]
     contiguous = [KVCache() for _ in main.blocks]
