@@ -42,7 +42,7 @@ help:
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
 	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times"
-	@echo "make train          every chapter's full training (train-gpt, long-context, train-positions, train-sentiment,"
+	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, long-context, train-positions, train-sentiment,"
 	@echo "                    train-additive): weights and logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
@@ -137,6 +137,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_gpt.py
 	$(BIN)/python tools/bench_token_cost.py
 	$(BIN)/python tools/bench_static.py
+	$(BIN)/python tools/bench_speculative.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt
@@ -150,6 +151,13 @@ train-gpt: $(STAMP)
 .PHONY: long-context
 long-context: $(STAMP)
 	$(BIN)/python tools/long_context.py
+
+# Chapter 11's draft model for speculative decoding: chapter 10's GPT with
+# one layer, trained the same way on one thread (book/data/gpt_draft.pt and
+# its log, CPU and wall seconds).
+.PHONY: train-gpt-draft
+train-gpt-draft: $(STAMP)
+	$(BIN)/python tools/train_gpt_draft.py
 
 # Chapter 6's four forward-fill models, trained in full on one thread:
 # weights and log in book/data/ (the chapter loads them).
@@ -173,7 +181,7 @@ train-sentiment: $(STAMP)
 # Every training target, one after the other (chapters 6, 7 and 9 train on one
 # thread and log their CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all).
 .PHONY: train
-train: train-gpt long-context train-positions train-sentiment train-additive
+train: train-gpt train-gpt-draft long-context train-positions train-sentiment train-additive
 
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).

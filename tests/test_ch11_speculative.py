@@ -1,0 +1,178 @@
+"""Chapter 11, speculative decoding (book/speculative.py) and the paged
+cache of its exercise (drafts/11_speculative.ipynb), against independent
+references: greedy decoding that reruns the model on the whole text at every
+step, and the contiguous KVCache. Small random models, prompts and sizes the
+chapter never prints."""
+
+import pytest
+import torch
+from conftest import load_chapter
+
+import speculative as spec
+from gpt import GPT
+from transformer import KVCache
+
+VOCAB = 23
+
+
+def reference_greedy(model, prompt, n_new):
+    """Greedy decoding without a cache: the whole text at every step."""
+    tokens = prompt.clone()
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model(tokens[None])[0, -1]
+            tokens = torch.cat([tokens, logits.argmax().view(1)])
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A main model, a windowed copy, a one-layer draft; float64, random."""
+    torch.manual_seed(11)
+    main = GPT(VOCAB, d=32, H=4, layers=2, d_ff=64, G=2).double()
+    windowed = GPT(VOCAB, d=32, H=4, layers=2, d_ff=64, G=2, w=7).double()
+    windowed.load_state_dict(main.state_dict())
+    draft = GPT(VOCAB, d=16, H=2, layers=1, d_ff=32).double()
+    return main, windowed, draft
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(VOCAB, (n,), generator=gen) for n in (1, 5, 12)]
+
+
+@pytest.fixture(scope="module")
+def expected(models, prompts):
+    """The reference's 45 tokens for (main or windowed, prompt index)."""
+    return {
+        (name, i): reference_greedy(model, prompt, 45)
+        for name, model in zip(("main", "windowed"), models[:2], strict=True)
+        for i, prompt in enumerate(prompts)
+    }
+
+
+def test_greedy_matches_uncached_reference(models, prompts, expected):
+    for name, model in zip(("main", "windowed"), models[:2], strict=True):
+        for i, prompt in enumerate(prompts):
+            tokens = spec.greedy(model, prompt, 45)
+            assert torch.equal(tokens, expected[name, i])
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+def test_speculative_is_greedy(models, prompts, expected, k):
+    draft = models[2]
+    for name, model in zip(("main", "windowed"), models[:2], strict=True):
+        for i, prompt in enumerate(prompts):
+            tokens, proposed, accepted = spec.speculative(
+                model, draft, prompt, 45, k
+            )
+            assert torch.equal(tokens, expected[name, i])
+            assert 0 <= accepted <= proposed <= 45 * k
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_speculative_with_itself_accepts_all(models, prompts, k):
+    """A draft equal to the main model is always right: every proposal is
+    accepted and each round adds k + 1 tokens."""
+    main, windowed, _ = models
+    for model in (main, windowed):
+        tokens, proposed, accepted = spec.speculative(
+            model, model, prompts[1], 37, k
+        )
+        assert torch.equal(tokens, reference_greedy(model, prompts[1], 37))
+        assert accepted == proposed
+        rounds = 37 - accepted
+        assert rounds == -(-37 // (k + 1))  # ceil(37 / (k + 1))
+
+
+def test_windowed_draft(models, prompts):
+    main, windowed, _ = models
+    tokens, _, _ = spec.speculative(main, windowed, prompts[2], 30, 3)
+    assert torch.equal(tokens, reference_greedy(main, prompts[2], 30))
+
+
+def test_rolling_cache_needs_spare_slots(models, prompts):
+    _, windowed, draft = models
+    with pytest.raises(ValueError, match="overwritten"):
+        spec.speculative(windowed, draft, prompts[2], 60, 4, spare=0)
+    spec.speculative(windowed, draft, prompts[2], 60, 4, spare=4)  # enough
+
+
+def test_caches(models):
+    main, windowed, _ = models
+    assert all(c.capacity is None for c in spec.new_caches(main, 3))
+    assert [c.capacity for c in spec.new_caches(windowed, 3)] == [10, 10]
+
+
+def test_bad_input(models, prompts):
+    main, _, draft = models
+    for k in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="k, the tokens proposed"):
+            spec.speculative(main, draft, prompts[0], 5, k)
+    with pytest.raises(ValueError, match="non-empty"):
+        spec.speculative(main, draft, torch.tensor([], dtype=torch.long), 5, 2)
+    with pytest.raises(ValueError, match="non-empty"):
+        spec.greedy(main, prompts[1][None], 5)
+    with pytest.raises(ValueError, match="n_new"):
+        spec.greedy(main, prompts[1], -1)
+    other = GPT(VOCAB + 1, d=16, H=2, layers=1, d_ff=32).double()
+    with pytest.raises(ValueError, match="same vocab"):
+        spec.speculative(main, other, prompts[1], 5, 2)
+    assert torch.equal(
+        spec.speculative(main, draft, prompts[1], 0, 2)[0], prompts[1]
+    )
+
+
+@pytest.fixture(scope="module")
+def paged():
+    """The exercise's solution, from the draft notebook (this path changes
+    when the draft joins book/11_token_cost.ipynb)."""
+    return load_chapter("../drafts/11_speculative.ipynb")
+
+
+def test_paged_cache_equals_contiguous(models, paged):
+    main = models[0]
+    pool = paged.PagePool(40, G=2, d_k=8, dtype=torch.float64)
+    pool.free.reverse()  # any order: here pages handed out from the last
+    caches = [paged.PagedCache(pool) for _ in main.blocks]
+    rival = [paged.PagedCache(pool) for _ in main.blocks]
+    contiguous = [KVCache() for _ in main.blocks]
+    gen = torch.Generator().manual_seed(5)
+    text = torch.randint(VOCAB, (1, 75), generator=gen)
+    with torch.no_grad():
+        for start, end in ((0, 16), (16, 17), (17, 33), (33, 50)):
+            main(text[:, 50 - end : 50 - start], rival)
+            got = main(text[:, start:end], caches)
+            expected = main(text[:, start:end], contiguous)
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+        assert len(caches[0].table) == 4  # 50 tokens: pages of 16
+        assert caches[0].nbytes() == 4 * 2 * (2 * 16 * 8 * 8)
+        free = len(pool.free)
+        for cache, other in zip(caches, contiguous, strict=True):
+            cache.crop(20)
+            other.crop(20)
+        assert len(pool.free) == free + 2 * 2  # pages 3 and 4 of each layer
+        got = main(text[:, 50:75], caches)  # reuses freed pages
+        expected = main(text[:, 50:75], contiguous)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+        for cache in caches:
+            cache.crop(0)
+        assert caches[0].table == [] and caches[0].nbytes() == 0
+
+
+def test_paged_cache_bad_input(paged):
+    pool = paged.PagePool(2, G=2, d_k=8, dtype=torch.float64)
+    cache = paged.PagedCache(pool)
+    K = torch.zeros(1, 2, 20, 8, dtype=torch.float64)
+    cache.update(K, K)
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(21)
+    with pytest.raises(ValueError, match="pages are in use"):
+        cache.update(
+            torch.zeros(1, 2, 13, 8, dtype=torch.float64), K[:, :, :13]
+        )
+    with pytest.raises(ValueError, match="one sequence"):
+        paged.PagedCache(pool).update(
+            K.expand(2, -1, -1, -1), K.expand(2, -1, -1, -1)
+        )
