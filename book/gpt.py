@@ -71,9 +71,13 @@ class GPT(nn.Module):
             return logits, torch.stack(weights, dim=1)
         return logits
 
-    def new_caches(self):
-        """One empty KVCache per block (rolling if the model has a window)."""
-        return [KVCache(self.w) for _ in self.blocks]
+    def new_caches(self, spare=0):
+        """One empty KVCache per block: rolling if the model has a window w,
+        with `spare` slots beyond it (w + spare in all; chapter 11's
+        speculative decoding crops back into them)."""
+        if self.w is None:
+            return [KVCache() for _ in self.blocks]
+        return [KVCache(self.w, spare) for _ in self.blocks]
 
 
 def get_batch(data, B, T, gen):

@@ -10,39 +10,7 @@ exactly that of plain greedy decoding.
 
 import torch
 
-from transformer import KVCache
-
-
-def check_prompt(prompt, n_new):
-    """Raise ValueError unless prompt is a non-empty (T,) tensor and n_new >= 0."""
-    if prompt.dim() != 1 or len(prompt) == 0:
-        raise ValueError(
-            f"the prompt must be a non-empty (T,) tensor, got shape "
-            f"{tuple(prompt.shape)}"
-        )
-    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 0:
-        raise ValueError(f"n_new must be an integer >= 0, got {n_new!r}")
-
-
-def new_caches(model, spare=0):
-    """One empty KVCache per block of a GPT; a windowed model's rolling
-    caches get `spare` slots beyond its window w (w + spare in all)."""
-    if model.w is None:
-        return [KVCache() for _ in model.blocks]
-    return [KVCache(model.w, spare) for _ in model.blocks]
-
-
-@torch.no_grad()
-def greedy(model, prompt, n_new):
-    """Plain cached greedy decoding: the prompt (T,) and n_new tokens after it."""
-    check_prompt(prompt, n_new)
-    caches, tokens = new_caches(model), prompt.tolist()
-    step_input = prompt
-    for _ in range(n_new):
-        logits = model(step_input[None], caches)[0, -1]  # (vocab,)
-        tokens.append(int(logits.argmax()))
-        step_input = torch.tensor(tokens[-1:])
-    return torch.tensor(tokens)
+from gpt import check_new, check_prompt
 
 
 @torch.no_grad()
@@ -56,7 +24,8 @@ def speculative(model, draft, prompt, n_new, k, spare=None):
     tokens kept. A rolling cache needs k slots beyond its window for that:
     `spare` (default k; fewer lets `crop` raise ValueError).
     """
-    check_prompt(prompt, n_new)
+    check_prompt(prompt)
+    check_new(n_new)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(
             f"k, the tokens proposed per round, must be >= 1: {k!r}"
@@ -64,8 +33,8 @@ def speculative(model, draft, prompt, n_new, k, spare=None):
     if draft.readout.out_features != model.readout.out_features:
         raise ValueError("the draft and the main model need the same vocab")
     spare = k if spare is None else spare
-    main_caches = new_caches(model, spare)
-    draft_caches = new_caches(draft, spare)
+    main_caches = model.new_caches(spare)
+    draft_caches = draft.new_caches(spare)
     tokens, proposed, accepted = prompt.tolist(), 0, 0
     goal = len(tokens) + n_new
     while len(tokens) < goal:

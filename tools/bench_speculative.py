@@ -56,7 +56,7 @@ def median_run(fn):
 def call_cost(model, tokens, T):
     """Median (wall, CPU) seconds of one cached call of T tokens after
     CALL_AT cached ones, over REPEATS blocks of CALLS calls."""
-    caches = spec.new_caches(model)
+    caches = model.new_caches()
     model(tokens[None, :CALL_AT], caches)
     fed = tokens[None, CALL_AT : CALL_AT + T]
 
@@ -87,9 +87,10 @@ def main():
         )
         print(rows[-1])
 
-    plain, wall, cpu = median_run(
-        lambda: spec.greedy(model, prompt, NEW_TOKENS)
-    )
+    with torch.no_grad():
+        (plain, _), wall, cpu = median_run(
+            lambda: gpt.greedy(model, prompt, NEW_TOKENS)
+        )
     row("greedy", 0, wall, cpu, new_tokens=NEW_TOKENS, proposed=0, accepted=0)
     for k in KS:
         (tokens, proposed, accepted), wall, cpu = median_run(

@@ -65,9 +65,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "tools" / "mutants"
 # what a scratch copy holds: the tests need the notebooks, the modules and
-# data under book/, chapter drafts under drafts/, the loader and site tools
-# under tools/, and the config
-COPIED_DIRS = ("book", "drafts", "tests", "tools", "_ext")
+# data under book/, the loader and site tools under tools/, and the config
+COPIED_DIRS = ("book", "tests", "tools", "_ext")
 COPIED_FILES = (
     "pyproject.toml",
     "_config.yml",
