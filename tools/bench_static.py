@@ -10,7 +10,9 @@
 - batched greedy decoding (`greedy_batch`, every lever on) of B prompts of
   8 to 39 characters, BATCH_NEW new tokens each, B in BATCHES.
 
-One thread; the median of REPEATS runs; CPU seconds (the machine may be
+One thread; the median of REPEATS runs (the cached configurations in
+rounds, each round running every one once, so that a drift of the machine
+hits them all alike); CPU seconds (the machine may be
 shared) and wall seconds; tokens per CPU second (B x new tokens for a
 batch). Every row names the machine. -> book/data/bench_static.csv.
 Fresh times are never asserted; chapter 11 asserts bounds on the stored
@@ -36,7 +38,7 @@ import gpt  # book/gpt.py
 PROMPT = 16
 NEW_TOKENS = (512, 2048)
 UNCACHED = ((512, 3), (1024, 1))  # (new tokens, runs): 2,048 is too slow
-REPEATS = 3
+REPEATS = 5
 BATCHES = (1, 4, 16, 64)
 BATCH_NEW = 256
 # name: (caches or Decoder options, inference_mode); each adds one lever
@@ -103,10 +105,16 @@ def main():
     for n, runs in UNCACHED:
         fn = partial(decode, model, prompt, n, None, False)
         rows.append(row("no cache", 1, n, runs, *median_times(fn, runs)))
-    for n in NEW_TOKENS:
-        for config, (how, inference) in CONFIGS.items():
-            fn = partial(decode, model, prompt, n, how, inference)
-            rows.append(row(config, 1, n, REPEATS, *median_times(fn, REPEATS)))
+    for n in NEW_TOKENS:  # rounds of every config, so drift hits them all
+        runs = {config: [] for config in CONFIGS}
+        for _ in range(REPEATS):
+            for config, (how, inference) in CONFIGS.items():
+                fn = partial(decode, model, prompt, n, how, inference)
+                runs[config].append(timed(fn))
+        for config, results in runs.items():
+            wall = statistics.median(r[0] for r in results)
+            cpu = statistics.median(r[1] for r in results)
+            rows.append(row(config, 1, n, REPEATS, wall, cpu))
     decoder = gpt.Decoder(model, 64 + BATCH_NEW)
     for B in BATCHES:
         starts = [1000 + 97 * b for b in range(B)]
