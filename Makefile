@@ -145,8 +145,8 @@ train-gpt: $(STAMP)
 	$(BIN)/python tools/train_gpt.py
 
 # Chapter 11's losses past the training length, with attention sinks and with
-# an 8-bit cache, from chapter 10's stored weights (about 35 s of CPU, one
-# thread): book/data/long_context.csv. Part of `make train`: it changes only
+# an 8-bit cache, from chapter 10's stored weights (41 s of CPU, user and
+# system, one thread, measured once): book/data/long_context.csv. Part of `make train`: it changes only
 # when train-gpt changes the weights, and it times nothing.
 .PHONY: long-context
 long-context: $(STAMP)
