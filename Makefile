@@ -41,7 +41,8 @@ help:
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
-	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times"
+	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times,"
+	@echo "                    its static cache, decode levers, batching and speculative decoding"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, long-context, train-positions, train-sentiment,"
 	@echo "                    train-additive): weights and logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
@@ -127,8 +128,10 @@ outputs: $(STAMP)
 # quiet machine, then `make outputs NB=book/08_efficient_attention.ipynb`);
 # then chapter 7's training times (printed only); chapter 10's training and
 # generation times (tools/bench_gpt.py); chapter 11's prefill, decode,
-# bandwidth, per-operation, matmul-ceiling and generation times, one machine
-# in one run (tools/bench_token_cost.py, seconds).
+# bandwidth, per-operation, matmul-ceiling and generation times
+# (tools/bench_token_cost.py, seconds, one run), its static cache, decode
+# levers and batching (tools/bench_static.py) and speculative decoding
+# (tools/bench_speculative.py).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
@@ -146,7 +149,7 @@ train-gpt: $(STAMP)
 
 # Chapter 11's losses past the training length, with attention sinks and with
 # an 8-bit cache, from chapter 10's stored weights (41 s of CPU, user and
-# system, one thread, measured once): book/data/long_context.csv. Part of `make train`: it changes only
+# system, one thread, measured once with /usr/bin/time; not stored): book/data/long_context.csv. Part of `make train`: it changes only
 # when train-gpt changes the weights, and it times nothing.
 .PHONY: long-context
 long-context: $(STAMP)

@@ -3,7 +3,7 @@
 Both implement the cache interface of transformer.py (`Cache`):
 
 - `SinkCache(s, w, scheme)`: attention sinks (StreamingLLM, Xiao et al.
-  2023): the first s tokens are kept as well as a rolling window of the
+  2024): the first s tokens are kept as well as a rolling window of the
   last w. With scheme="absolute" every key keeps its rotary position in the
   text (the book's positions); with scheme="cache" the positions are those
   within the cache (StreamingLLM, section 3.2), so that the sinks sit just
@@ -13,7 +13,8 @@ Both implement the cache interface of transformer.py (`Cache`):
   as KIVI does (Liu et al. 2024), one per channel for each group of `group`
   tokens (keys="channel"), the last incomplete group kept unquantised.
 
-`quantize` and `dequantize` are the absmax 8-bit code both caches' tests use.
+`quantize` and `dequantize` are the absmax 8-bit code that `Int8Cache` uses
+for its keys and values.
 """
 
 import torch
@@ -29,7 +30,7 @@ def quantize(x, dim, scale=None):
     The scale is max |x| / 127 along dim (kept as a size-1 axis), so that
     |x - codes * scale| <= scale / 2 for every element; an all-zero slice
     gets scale 1 and codes 0, stored exactly. A given scale must be > 0 and
-    broadcast against x, with |x| <= 127 scales (else ValueError).
+    broadcast against x, with |x| <= 127.5 scales (larger raises ValueError).
     """
     if scale is None:
         scale = x.abs().amax(dim=dim, keepdim=True) / LEVELS
@@ -40,7 +41,7 @@ def quantize(x, dim, scale=None):
             raise ValueError(f"the scale must be > 0, got {scale.min()}")
         if (x.abs() > (LEVELS + 0.5) * scale).any():
             raise ValueError(
-                f"values beyond {LEVELS} scales do not fit in int8 codes"
+                f"values beyond {LEVELS + 0.5} scales do not fit in int8 codes"
             )
     codes = (x / scale).round().clamp(-LEVELS, LEVELS).to(torch.int8)
     return codes, scale

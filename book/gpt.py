@@ -120,7 +120,7 @@ def validation_loss(model, x, y, rows=64):
 class StaticCache(Cache):
     """Keys and values of one layer in buffers of `capacity` token slots,
     allocated at the first update and written in place: no torch.cat per
-    step. Token p sits in slot p; `update` returns views of the slots
+    step. Token j sits in slot j; `update` returns views of the slots
     filled so far, so a query sees exactly the growing cache's keys."""
 
     def __init__(self, capacity):
@@ -176,8 +176,8 @@ class StaticCache(Cache):
 
 class BatchCache(StaticCache):
     """A static cache whose B rows hold sequences of different lengths:
-    row b's token p sits in slot p, slots past its length are empty
-    (position -1), and its next token goes to slot `lengths[b]`.
+    row r's token j sits in slot j, slots past its length are empty
+    (position -1), and its next token goes to slot `lengths[r]`.
     `length` is the slots in use, the longest row's length."""
 
     def __init__(self, capacity, B):
@@ -220,7 +220,7 @@ class BatchCache(StaticCache):
             )
 
     def crop_rows(self, lengths):
-        """Keep the first lengths[b] tokens of each row b (lengths (B,))."""
+        """Keep the first lengths[r] tokens of each row r (lengths (B,))."""
         lengths = torch.as_tensor(lengths)
         if lengths.shape != self.lengths.shape or lengths.is_floating_point():
             raise ValueError(
@@ -373,8 +373,9 @@ def check_new(n_new):
 def greedy(model, prompt, n_new, caches="growing"):
     """The prompt (T,) and n_new greedy tokens after it; the logits of each
     step (n_new, vocab). `model` is a GPT or a Decoder; `caches`: "growing"
-    (KVCache), "static" (StaticCache) or None (no cache: every step runs the
-    model over all tokens so far); a Decoder always uses static caches."""
+    (model.new_caches(): KVCache, rolling if the model has a window),
+    "static" (StaticCache) or None (no cache: every step runs the model
+    over all tokens so far); a Decoder always uses static caches."""
     check_prompt(prompt)
     check_new(n_new)
     P = len(prompt)
@@ -413,7 +414,9 @@ def greedy_batch(decoder, prompts, n_new):
     then cropped to its own length, and every step feeds one token per row
     at that row's own position."""
     if not isinstance(decoder, Decoder):
-        raise ValueError("greedy_batch needs a Decoder (model.Decoder(...))")
+        raise ValueError(
+            "greedy_batch needs a Decoder: Decoder(model, capacity)"
+        )
     if len(prompts) == 0:
         raise ValueError("the batch holds no prompt")
     for b, prompt in enumerate(prompts):

@@ -4,8 +4,9 @@ are cropped back to the accepted prefix with `Cache.crop`.
 
 Leviathan et al. 2023 (section 2.3, Algorithm 1) and Chen et al. 2023
 (Algorithm 2) accept the proposals by sampling; with greedy decoding a
-proposal is accepted when it is the main model's own argmax, so the text is
-exactly that of plain greedy decoding.
+proposal is accepted when it is the main model's own argmax, so in exact
+arithmetic the text is that of plain greedy decoding (chapter 11 checks it
+in float64).
 """
 
 import torch

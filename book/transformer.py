@@ -12,7 +12,8 @@ by default so that chapter 6's classes are unchanged:
 - a key/value cache: keys and values of earlier tokens kept between
   calls, so that a generator feeds one new token per step. `Cache` is the
   interface every cache implements (what a layer asks of it, in one
-  place); `KVCache` grows, or with a window is a rolling cache of w slots.
+  place); `KVCache` grows, or with a window is a rolling cache of w
+  slots (w + spare with spare slots).
   A layer asks its cache `cache.check_layer(w, causal)` before using it,
   and never attends to an empty slot (position -1), causal or not.
 
@@ -86,8 +87,9 @@ class Cache(ABC):
     - `check_layer(w, causal)`: raise ValueError unless it keeps every key
       that such a layer may attend to;
     - `next_positions(T)`: the positions of the next T tokens, (T,) shared
-      by every row, or (B, T) for a cache whose rows have their own (only
-      layers without rotary positions take those: `rotary` needs (T,));
+      by every row, or (B, T) for a cache whose rows have their own (a rotary
+      `SelfAttention` cannot take those: `rotary` needs (T,); chapter 11's
+      `Decoder.rotate` can);
     - `update(K, V)`: store the keys and values (B, G, T, d_k) of the next T
       tokens; return the keys, values and key positions that these tokens'
       queries may need, positions shaped as next_positions gives them, -1
