@@ -161,7 +161,7 @@ def test_quantize_zero_row_and_given_scale():
     for bad in (0.0, -1.0, torch.tensor([[1.0], [0.0]])):
         with pytest.raises(ValueError, match="scale must be > 0"):
             caches.quantize(x, -1, scale=bad)
-    with pytest.raises(ValueError, match="beyond 127.5 scales"):
+    with pytest.raises(ValueError, match=r"beyond 127\.5 scales"):
         caches.quantize(x, -1, scale=0.01)
     codes, _ = caches.quantize(x, -1, scale=0.5)
     assert codes[1].tolist() == [2, -4, 1]
