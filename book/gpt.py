@@ -22,6 +22,7 @@ from transformer import (
     Cache,
     DecoderBlock,
     KVCache,
+    RotarySelfAttention,
     allowed_positions,
     attend,
     frequencies,
@@ -30,7 +31,13 @@ from transformer import (
 
 
 class GPT(nn.Module):
-    """Embedding, `layers` causal pre-norm blocks, LayerNorm, readout."""
+    """Embedding, `layers` causal pre-norm blocks, LayerNorm, readout.
+
+    `attention`, if given, builds each block's attention: `attention(i)`
+    is layer i's module (chapter 12's variants, book/variants.py), called
+    as `(x, mask, cache) -> (outputs, weights or None)`, in place of the
+    rotary self-attention; its `new_cache()` gives its cache.
+    """
 
     def __init__(
         self,
@@ -42,6 +49,7 @@ class GPT(nn.Module):
         G=None,
         w=None,
         context=1024,
+        attention=None,
     ):
         super().__init__()
         self.context, self.w = context, w
@@ -49,12 +57,17 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(
             DecoderBlock(d, H, d_ff, G, w) for _ in range(layers)
         )
+        if attention is not None:  # a variant: attention(i) is layer i's
+            for i, block in enumerate(self.blocks):
+                block.self_attn = attention(i)
         self.norm = nn.LayerNorm(d)
         self.readout = nn.Linear(d, vocab)
 
     def forward(self, tokens, caches=None, return_weights=False):
         """Next-token logits (B, T, vocab) of tokens (B, T); with
-        return_weights, also every block's weights (B, layers, H, T, T_k)."""
+        return_weights, also every block's weights (B, layers, H, T, T_k),
+        or a list of them with None for a layer that has no weights (a
+        variant without a weight matrix, such as linear attention)."""
         seen = 0 if caches is None else caches[0].length
         if self.w is None and seen + tokens.shape[1] > self.context:
             raise ValueError(
@@ -68,16 +81,25 @@ class GPT(nn.Module):
             weights.append(A)  # (B, H, T, T_k)
         logits = self.readout(self.norm(x))
         if return_weights:
+            if any(A is None for A in weights):
+                return logits, weights
             return logits, torch.stack(weights, dim=1)
         return logits
 
     def new_caches(self, spare=0):
-        """One empty KVCache per block: rolling if the model has a window w,
-        with `spare` slots beyond it (w + spare in all; chapter 11's
-        speculative decoding crops back into them)."""
-        if self.w is None:
-            return [KVCache() for _ in self.blocks]
-        return [KVCache(self.w, spare) for _ in self.blocks]
+        """One empty cache per block: its attention's own if it has a
+        `new_cache()` (a variant's), else a KVCache: rolling if the model
+        has a window w, with `spare` slots beyond it (w + spare in all;
+        chapter 11's speculative decoding crops back into them)."""
+        caches = []
+        for block in self.blocks:
+            if hasattr(block.self_attn, "new_cache"):
+                caches.append(block.self_attn.new_cache())
+            elif self.w is None:
+                caches.append(KVCache())
+            else:
+                caches.append(KVCache(self.w, spare))
+        return caches
 
 
 def get_batch(data, B, T, gen):
@@ -260,6 +282,13 @@ class Decoder:
                 f"model must be a GPT, got {type(model).__name__}"
             )
         attn = model.blocks[0].self_attn
+        if any(
+            type(b.self_attn) is not RotarySelfAttention for b in model.blocks
+        ):
+            raise ValueError(
+                "a Decoder steps the rotary self-attention of chapter 10 "
+                "only, not a variant's attention"
+            )
         self.H, self.G, self.d_k, self.w = attn.H, attn.G, attn.d_k, model.w
         self.d = model.embed.weight.shape[1]
         self.capacity = capacity
