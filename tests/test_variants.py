@@ -1,0 +1,498 @@
+"""Chapter 12's attention variants (book/variants.py) and GPT's hook for
+them (book/gpt.py, `GPT(attention=...)`): every equality the chapter will
+assert, on small random float64 models and shapes it never prints, each
+against an independent reference written here, and every bad input of
+issue 35 item 7."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import gpt
+import transformer
+import variants as v
+from transformer import Cache, KVCache
+
+VOCAB, D, H, LAYERS = 13, 24, 3, 2
+EXACT = {"rtol": 0, "atol": 1e-10}  # float64: equal up to rounding
+
+
+def tokens(T, B=2, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(VOCAB, (B, T), generator=gen)
+
+
+def variant_gpt(attention, layers=LAYERS, seed=0):
+    """An untrained float64 GPT whose attention(i) builds layer i."""
+    torch.manual_seed(seed)
+    model = gpt.GPT(
+        VOCAB, d=D, H=H, layers=layers, d_ff=40, attention=attention
+    )
+    return model.double().eval()
+
+
+def decode_gap(model, T=13, prefill=5):
+    """The largest gap between the uncached logits of T tokens and those
+    of a cached decode: a prefill, then one token per call."""
+    x = tokens(T)
+    with torch.no_grad():
+        full = model(x)
+        caches = model.new_caches()
+        steps = [model(x[:, :prefill], caches)]
+        for t in range(prefill, T):
+            steps.append(model(x[:, t : t + 1], caches))
+    assert all(c.length == T for c in caches)
+    return (torch.cat(steps, dim=1) - full).abs().max().item(), caches
+
+
+VARIANTS = {
+    "mla": lambda i: v.MultiHeadLatentAttention(D, H, d_c=10, d_R=4),
+    "mla-absorbed": lambda i: v.MultiHeadLatentAttention(
+        D, H, d_c=10, d_R=4, absorbed=True
+    ),
+    "linear": lambda i: v.LinearAttention(D, H),
+    "delta": lambda i: v.LinearAttention(D, H, rule="delta"),
+    "gated-delta": lambda i: v.LinearAttention(D, H, rule="gated_delta"),
+    "gated-delta-fixed": lambda i: v.LinearAttention(
+        D, H, rule="gated_delta", decay=0.9
+    ),
+    "hybrid": lambda i: (
+        v.LinearAttention(D, H, rule="gated_delta")
+        if i == 0
+        else transformer.RotarySelfAttention(D, H, causal=True)
+    ),
+    "sparse": lambda i: v.SparseAttention(D, H, k=4, H_I=2, d_I=6),
+    "sparse-gqa": lambda i: v.SparseAttention(D, H, k=3, G=1),
+}
+
+
+# --- the hook in GPT --------------------------------------------------------
+
+
+def test_default_gpt_is_unchanged_by_the_hook():
+    """Without `attention`, the blocks hold chapter 10's attention and the
+    state dict has the names of the stored weights."""
+    torch.manual_seed(0)
+    model = gpt.GPT(65, d=64, H=4, layers=2, d_ff=256)
+    for block in model.blocks:
+        assert type(block.self_attn) is transformer.RotarySelfAttention
+    assert all(type(c) is KVCache for c in model.new_caches())
+    state = torch.load(gpt.__file__.replace("gpt.py", "data/gpt_G4.pt"))
+    assert list(state) == list(model.state_dict())  # same names, same order
+
+
+def test_hook_puts_attention_i_in_block_i_and_asks_it_for_caches():
+    built = []
+
+    def attention(i):
+        built.append(i)
+        return VARIANTS["hybrid"](i)
+
+    model = variant_gpt(attention)
+    assert built == [0, 1]
+    assert isinstance(model.blocks[0].self_attn, v.LinearAttention)
+    caches = model.new_caches()
+    assert type(caches[0]) is v.StateCache and type(caches[1]) is KVCache
+    assert all(isinstance(c, Cache) for c in caches)
+
+
+def test_return_weights_is_none_for_a_layer_without_weights():
+    x = tokens(9)
+    _, weights = variant_gpt(VARIANTS["hybrid"])(x, return_weights=True)
+    assert isinstance(weights, list) and weights[0] is None
+    assert weights[1].shape == (2, H, 9, 9)
+    _, stacked = variant_gpt(VARIANTS["mla"])(x, return_weights=True)
+    assert stacked.shape == (2, LAYERS, H, 9, 9)  # every layer has weights
+    assert_close(stacked.sum(-1), torch.ones(2, LAYERS, H, 9).double())
+
+
+def test_the_decoder_refuses_a_variant():
+    with pytest.raises(ValueError, match="variant"):
+        gpt.Decoder(variant_gpt(VARIANTS["mla"]), 20)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_cached_decode_equals_the_uncached_model(name):
+    gap, _ = decode_gap(variant_gpt(VARIANTS[name]))
+    assert gap < 1e-10
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_variant_refuses_a_mask_and_a_foreign_cache(name):
+    layer = VARIANTS[name](0)
+    x = torch.randn(1, 4, D)
+    if isinstance(layer, transformer.RotarySelfAttention) and not hasattr(
+        layer, "new_cache"
+    ):
+        return  # chapter 10's layer (the hybrid's softmax layer)
+    with pytest.raises(ValueError, match="no mask"):
+        layer(x, torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="needs a"):
+        layer(x, None, v.SharedCache())
+
+
+# --- multi-head latent attention --------------------------------------------
+
+
+@pytest.mark.parametrize("B,T,d,heads,d_c,d_R", [(2, 11, 20, 4, 7, 6)])
+def test_mla_absorbed_equals_expanded(B, T, d, heads, d_c, d_R):
+    torch.manual_seed(3)
+    layer = v.MultiHeadLatentAttention(d, heads, d_c, d_R).double()
+    x = torch.randn(B, T, d, dtype=torch.float64)
+    expanded, A = layer(x)
+    layer.absorbed = True
+    absorbed, A_absorbed = layer(x)
+    assert_close(absorbed, expanded, **EXACT)
+    assert_close(A_absorbed, A, **EXACT)
+
+
+def test_mla_equals_its_equations():
+    """Equations 9-19 written out per head, from the layer's weights."""
+    torch.manual_seed(4)
+    d, heads, d_c, d_R, T = 12, 2, 5, 4, 7
+    layer = v.MultiHeadLatentAttention(d, heads, d_c, d_R).double()
+    x = torch.randn(1, T, d, dtype=torch.float64)
+    got, _ = layer(x)
+    d_h, P = d // heads, torch.arange(T)
+    c = x[0] @ layer.down_kv.weight.T + layer.down_kv.bias  # eq. 9
+    k_R = transformer.rotary(x[0] @ layer.rope_k.weight.T + layer.rope_k.bias)
+    outs = []
+    for i in range(heads):
+        rows = slice(i * d_h, (i + 1) * d_h)
+        k_C = c @ layer.up_k.weight[rows].T  # eq. 10
+        v_C = c @ layer.up_v.weight[rows].T  # eq. 11
+        q_C = x[0] @ layer.query.weight[rows].T + layer.query.bias[rows]
+        r = slice(i * d_R, (i + 1) * d_R)
+        q_R = transformer.rotary(
+            x[0] @ layer.rope_q.weight[r].T + layer.rope_q.bias[r], P
+        )
+        scores = (q_C @ k_C.T + q_R @ k_R.T) / (d_h + d_R) ** 0.5
+        scores = scores.masked_fill(P[None, :] > P[:, None], float("-inf"))
+        outs.append(scores.softmax(-1) @ v_C)  # eq. 18
+    want = torch.cat(outs, -1) @ layer.out_proj.weight.T + layer.out_proj.bias
+    assert_close(got[0], want, **EXACT)
+
+
+def test_latent_cache_holds_the_latent_and_the_rotary_key_only():
+    model = variant_gpt(VARIANTS["mla"])
+    _, caches = decode_gap(model, T=10)
+    for cache in caches:
+        c, k_R = cache.tensors
+        assert c.shape == (2, 10, 10) and k_R.shape == (2, 10, 4)
+        assert cache.nbytes() == 2 * 10 * (10 + 4) * 8  # float64
+    caches[0].crop(6)
+    assert caches[0].length == 6 and caches[0].nbytes() == 2 * 6 * 14 * 8
+
+
+@pytest.mark.parametrize(
+    "d_c,d_R,match",
+    [(0, 4, "d_c"), (-3, 4, "d_c"), (2.5, 4, "d_c"), (8, 3, "d_R"),
+     (8, 0, "d_R"), (8, 5, "d_R")],
+)  # fmt: skip
+def test_mla_bad_sizes(d_c, d_R, match):
+    with pytest.raises(ValueError, match=match):
+        v.MultiHeadLatentAttention(D, H, d_c, d_R)
+
+
+# --- cross-layer attention --------------------------------------------------
+
+
+def test_cla_equals_attention_over_the_earlier_layers_keys():
+    """Layer 1 of share [None, 0] attends with its own queries to layer
+    0's keys and values, computed here from layer 0's weights."""
+    model = variant_gpt(v.cross_layer(D, H, [None, 0]))
+    x = tokens(8)
+    b0, b1 = model.blocks
+    with torch.no_grad():
+        h = model.embed(x)
+        Q, K, V = b0.self_attn.heads(b0.norm1(h))
+        causal = torch.ones(8, 8, dtype=torch.bool).tril()
+        out = transformer.attend(Q, K, V, causal)[0]
+        h = h + b0.self_attn.out_proj(out.transpose(1, 2).reshape(2, 8, D))
+        h = h + b0.linear2(torch.relu(b0.linear1(b0.norm2(h))))
+        q = b1.self_attn.in_proj(b1.norm1(h)).view(2, 8, H, D // H)
+        Q1 = transformer.rotary(q.transpose(1, 2))
+        out = transformer.attend(Q1, K, V, causal)[0]
+        h = h + b1.self_attn.out_proj(out.transpose(1, 2).reshape(2, 8, D))
+        h = h + b1.linear2(torch.relu(b1.linear1(b1.norm2(h))))
+        want = model.readout(model.norm(h))
+        assert_close(model(x), want, **EXACT)
+
+
+@pytest.mark.parametrize("share", [[None, 0], [None, 0, None, 2, 2]])
+def test_cla_cached_decode_and_bytes(share):
+    model = variant_gpt(v.cross_layer(D, H, share, G=1), layers=len(share))
+    gap, caches = decode_gap(model)
+    assert gap < 1e-10
+    for j, cache in zip(share, caches):
+        if j is None:
+            assert type(cache) is KVCache and cache.nbytes() > 0
+        else:
+            assert type(cache) is v.SharedCache and cache.nbytes() == 0
+    sharing = [
+        b.self_attn for b, j in zip(model.blocks, share) if j is not None
+    ]
+    assert all(a.in_proj.out_features == D for a in sharing)  # queries only
+
+
+@pytest.mark.parametrize(
+    "share,match",
+    [([None, 1], "earlier"), ([None, 2, None], "earlier"),
+     ([None, 5], "earlier"), ([0], "earlier"), ([None, -1], "earlier"),
+     ([None, 0, 1], "itself reuses")],
+)  # fmt: skip
+def test_cla_refuses_a_layer_that_does_not_come_before(share, match):
+    with pytest.raises(ValueError, match=match):
+        v.cross_layer(D, H, share)
+
+
+def test_cla_refuses_a_layer_missing_from_share():
+    with pytest.raises(ValueError, match="does not exist"):
+        variant_gpt(v.cross_layer(D, H, [None, 0]), layers=3)
+
+
+# --- linear attention and the delta rules -----------------------------------
+
+
+def qkv(B=2, heads=3, T=9, d_k=4, d_v=5, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    Q, K = (
+        torch.randn(B, heads, T, d_k, generator=gen).double() for _ in "qk"
+    )
+    V = torch.randn(B, heads, T, d_v, generator=gen).double()
+    return Q, K, V
+
+
+def test_linear_attention_parallel_equals_the_sums_and_the_recurrence():
+    Q, K, V = qkv()
+    phi = v.feature_map("elu+1")
+    Q, K = phi(Q), phi(K)
+    parallel = v.linear_attention_parallel(Q, K, V)
+    want = torch.empty_like(parallel)  # each query's sums over j <= i
+    for i in range(Q.shape[2]):
+        sims = torch.einsum("bhd,bhjd->bhj", Q[:, :, i], K[:, :, : i + 1])
+        want[:, :, i] = (sims[..., None] * V[:, :, : i + 1]).sum(2) / sims.sum(
+            -1, keepdim=True
+        )
+    assert_close(parallel, want, **EXACT)
+    first, state = v.linear_attention_recurrent(
+        Q[:, :, :4], K[:, :, :4], V[:, :, :4]
+    )
+    rest, _ = v.linear_attention_recurrent(
+        Q[:, :, 4:], K[:, :, 4:], V[:, :, 4:], state
+    )
+    assert_close(torch.cat([first, rest], 2), parallel, **EXACT)
+
+
+def reference_gated_delta(Q, K, V, beta, alpha):
+    """Gated DeltaNet as its paper writes it, S (d_v, d_k) per head:
+    S_t = S_{t-1} alpha_t (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,
+    o_t = S_t q_t; one batch row and head at a time."""
+    B, heads, T, d_k = Q.shape
+    out = torch.empty(B, heads, T, V.shape[-1], dtype=Q.dtype)
+    for b in range(B):
+        for h in range(heads):
+            S = torch.zeros(V.shape[-1], d_k, dtype=Q.dtype)
+            for t in range(T):
+                k, a, bt = K[b, h, t], alpha[b, h, t], beta[b, h, t]
+                S = S @ (a * (torch.eye(d_k) - bt * torch.outer(k, k)))
+                S = S + bt * torch.outer(V[b, h, t], k)
+                out[b, h, t] = S @ Q[b, h, t]
+    return out
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_delta_rule_recurrent_equals_parallel_and_the_reference(gated):
+    Q, K, V = qkv(T=11)
+    Q, K = (
+        torch.nn.functional.normalize(Q, dim=-1),
+        torch.nn.functional.normalize(K, dim=-1),
+    )
+    gen = torch.Generator().manual_seed(6)
+    beta = torch.rand(2, 3, 11, generator=gen).double()
+    alpha = (
+        0.5 + 0.5 * torch.rand(2, 3, 11, generator=gen).double()
+        if gated
+        else None
+    )
+    first, S = v.delta_rule_recurrent(
+        Q[:, :, :6],
+        K[:, :, :6],
+        V[:, :, :6],
+        beta[..., :6],
+        None if alpha is None else alpha[..., :6],
+    )
+    rest, _ = v.delta_rule_recurrent(
+        Q[:, :, 6:],
+        K[:, :, 6:],
+        V[:, :, 6:],
+        beta[..., 6:],
+        None if alpha is None else alpha[..., 6:],
+        S,
+    )
+    recurrent = torch.cat([first, rest], 2)
+    assert_close(
+        recurrent, v.delta_rule_parallel(Q, K, V, beta, alpha), **EXACT
+    )
+    ones = torch.ones_like(beta)
+    want = reference_gated_delta(
+        Q, K, V, beta, ones if alpha is None else alpha
+    )
+    assert_close(recurrent, want, **EXACT)
+
+
+@pytest.mark.parametrize("rule", ["linear", "delta", "gated_delta"])
+def test_state_cache_has_a_fixed_size(rule):
+    model = variant_gpt(lambda i: v.LinearAttention(D, H, rule=rule))
+    sizes = []
+    for T in (6, 15):
+        _, caches = decode_gap(model, T=T, prefill=3)
+        sizes.append([c.nbytes() for c in caches])
+    d_k = D // H
+    z = 0 if rule != "linear" else H * d_k
+    assert sizes[0] == sizes[1] == [2 * (H * d_k * d_k + z) * 8] * LAYERS
+    cache = caches[0]
+    cache.crop(15)  # keeping every token is possible
+    with pytest.raises(ValueError, match="cannot forget"):
+        cache.crop(14)
+
+
+@pytest.mark.parametrize("name", ["elu", "softmax", "", None])
+def test_invalid_feature_map(name):
+    with pytest.raises(ValueError, match="feature map"):
+        v.LinearAttention(D, H, phi=name)
+
+
+@pytest.mark.parametrize("decay", [0, 0.0, -0.5, 1.5, 2, float("nan"), True])
+def test_fixed_decay_outside_0_1(decay):
+    with pytest.raises(ValueError, match="decay"):
+        v.LinearAttention(D, H, rule="gated_delta", decay=decay)
+
+
+def test_fixed_decay_bounds_and_rules():
+    v.LinearAttention(D, H, rule="gated_delta", decay=1.0)  # allowed
+    v.LinearAttention(D, H, rule="gated_delta", decay=1e-3)
+    with pytest.raises(ValueError, match="gated_delta"):
+        v.LinearAttention(D, H, rule="delta", decay=0.5)
+    with pytest.raises(ValueError, match="rule"):
+        v.LinearAttention(D, H, rule="mamba")
+
+
+# --- sparse top-k attention -------------------------------------------------
+
+
+def test_sparse_with_k_at_least_T_is_causal_attention_exactly():
+    torch.manual_seed(7)
+    T = 10
+    sparse = v.SparseAttention(D, H, k=T).double()
+    dense = transformer.RotarySelfAttention(D, H, causal=True).double()
+    dense.load_state_dict(
+        {n: p for n, p in sparse.state_dict().items() if "index" not in n}
+    )
+    x = torch.randn(2, T, D, dtype=torch.float64)
+    for k in (T, T + 3):
+        sparse.k = k
+        assert torch.equal(sparse(x)[0], dense(x)[0])
+        assert torch.equal(sparse(x)[1], dense(x)[1])
+
+
+def brute_force_top_k(scores, k):
+    """For each query t, its k best keys s <= t: sorted by (-score, s)."""
+    B, T, T_k = scores.shape
+    chosen = torch.zeros(B, T, T_k, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            ranked = sorted(range(t + 1), key=lambda s: (-scores[b, t, s], s))
+            chosen[b, t, ranked[:k]] = True
+    return chosen
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 20])
+def test_top_k_mask_equals_brute_force_with_ties_to_the_earlier_key(k):
+    gen = torch.Generator().manual_seed(8)
+    T = 17
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    real = torch.randn(2, T, T, generator=gen).double()
+    tied = torch.randint(3, (2, T, T), generator=gen).double()  # many ties
+    for scores in (real, tied):
+        assert torch.equal(
+            v.top_k_mask(scores, causal, k), brute_force_top_k(scores, k)
+        )
+    flat = torch.zeros(1, T, T, dtype=torch.float64)  # all tied: the first k
+    assert torch.equal(
+        v.top_k_mask(flat, causal, k)[0], causal & (torch.arange(T) < k)
+    )
+
+
+def test_indexer_scores_equal_the_sum_over_heads():
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 5, 3, 4, generator=gen).double()
+    w = torch.randn(2, 5, 3, generator=gen).double()
+    k = torch.randn(2, 6, 4, generator=gen).double()
+    want = torch.zeros(2, 5, 6, dtype=torch.float64)
+    for b in range(2):
+        for t in range(5):
+            for s in range(6):
+                for j in range(3):
+                    want[b, t, s] += w[b, t, j] * max(q[b, t, j] @ k[b, s], 0)
+    assert_close(v.indexer_scores(q, w, k), want, **EXACT)
+
+
+def test_sparse_chooses_the_top_k_of_its_indexer():
+    torch.manual_seed(10)
+    layer = v.SparseAttention(D, H, k=3).double()
+    _, weights = layer(torch.randn(2, 12, D, dtype=torch.float64))
+    scores, _, chosen = layer.index
+    assert torch.equal(chosen, brute_force_top_k(scores, 3))
+    assert torch.equal(weights > 0, chosen[:, None].expand_as(weights))
+
+
+def test_sparse_cache_counts_the_indexer_keys():
+    model = variant_gpt(VARIANTS["sparse"])
+    _, caches = decode_gap(model, T=11)
+    d_k = D // H
+    for cache in caches:
+        *_, k_I = cache.tensors
+        assert k_I.shape == (2, 11, 6)
+        assert cache.nbytes() == 2 * 11 * (2 * H * d_k + 6) * 8
+
+
+def test_indexer_kl_equals_a_direct_computation():
+    gen = torch.Generator().manual_seed(11)
+    B, heads, T = 2, 3, 6
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    weights = torch.rand(B, heads, T, T, generator=gen).double() * causal
+    weights = weights / weights.sum(-1, keepdim=True)
+    scores = torch.randn(B, T, T, generator=gen).double().requires_grad_()
+    for allowed in (causal, v.top_k_mask(scores.detach(), causal, 2)):
+        want = 0.0
+        for b in range(B):
+            for t in range(T):
+                keys = [
+                    s
+                    for s in range(T)
+                    if allowed[..., t, s].flatten()[
+                        b if allowed.dim() == 3 else 0
+                    ]
+                ]
+                p = torch.stack([weights[b, :, t, s].sum() for s in keys])
+                p = p / p.sum()
+                q = torch.softmax(
+                    torch.stack([scores[b, t, s] for s in keys]), 0
+                )
+                want = want + (p * (p / q).log()).sum()
+        got = v.indexer_kl(weights, scores, allowed)
+        assert_close(got, want, **EXACT)
+        (g,) = torch.autograd.grad(got, scores)
+        (g_want,) = torch.autograd.grad(want, scores)
+        assert_close(g, g_want, **EXACT)  # the same gradient to the indexer
+
+
+@pytest.mark.parametrize("k", [0, -2, 1.5, True, None])
+def test_sparse_k_below_1(k):
+    with pytest.raises(ValueError, match="k must"):
+        v.SparseAttention(D, H, k=k)
+    with pytest.raises(ValueError, match="k must"):
+        v.top_k_mask(
+            torch.zeros(1, 2, 2), torch.ones(2, 2, dtype=torch.bool), k
+        )
