@@ -6,6 +6,7 @@ issue 35 item 7."""
 
 import pytest
 import torch
+from conftest import BOOK
 from torch.testing import assert_close
 
 import gpt
@@ -77,7 +78,7 @@ def test_default_gpt_is_unchanged_by_the_hook():
     for block in model.blocks:
         assert type(block.self_attn) is transformer.RotarySelfAttention
     assert all(type(c) is KVCache for c in model.new_caches())
-    state = torch.load(gpt.__file__.replace("gpt.py", "data/gpt_G4.pt"))
+    state = torch.load(BOOK / "data" / "gpt_G4.pt")
     assert list(state) == list(model.state_dict())  # same names, same order
 
 
@@ -496,3 +497,47 @@ def test_sparse_k_below_1(k):
         v.top_k_mask(
             torch.zeros(1, 2, 2), torch.ones(2, 2, dtype=torch.bool), k
         )
+
+
+def test_the_feature_map_is_elu_plus_one():
+    x = torch.linspace(-4, 4, 81, dtype=torch.float64)
+    want = torch.where(x > 0, x + 1, x.exp())  # elu(x) + 1, always > 0
+    assert_close(v.feature_map("elu+1")(x), want, **EXACT)
+
+
+@pytest.mark.parametrize("decay", [None, 0.8])
+def test_gated_deltanet_layer_equals_the_reference(decay):
+    """The layer's L2-normalised queries and keys, sigmoid gates per head
+    and output projection, recomputed here from its weights."""
+    torch.manual_seed(12)
+    layer = v.LinearAttention(D, H, "gated_delta", decay=decay).double()
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    q, k, val = (x @ layer.in_proj.weight.T + layer.in_proj.bias).chunk(3, -1)
+    Q, K, V = (t.view(2, 9, H, D // H).transpose(1, 2) for t in (q, k, val))
+    Q, K = Q / Q.norm(dim=-1, keepdim=True), K / K.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(x @ layer.beta_proj.weight.T + layer.beta_proj.bias)
+    if decay is None:
+        alpha = x @ layer.alpha_proj.weight.T + layer.alpha_proj.bias
+        alpha = torch.sigmoid(alpha)
+    else:
+        alpha = torch.full_like(beta, decay)
+    out = reference_gated_delta(
+        Q, K, V, beta.transpose(1, 2), alpha.transpose(1, 2)
+    )
+    want = layer.out_proj(out.transpose(1, 2).reshape(2, 9, D))
+    got, weights = layer(x)
+    assert weights is None  # no weight matrix
+    assert_close(got, want, **EXACT)
+
+
+def test_a_detached_indexer_passes_no_gradient_to_its_input():
+    torch.manual_seed(13)
+    layer = v.SparseAttention(D, H, k=2).double()
+    x = torch.randn(1, 7, D, dtype=torch.float64, requires_grad=True)
+    for detach in (False, True):
+        layer.detach_indexer = detach
+        _, weights = layer(x)
+        scores, allowed, _ = layer.index
+        loss = v.indexer_kl(weights, scores, allowed)
+        (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
+        assert (grad is None) == detach
