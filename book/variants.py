@@ -18,7 +18,8 @@ cache, which `GPT.new_caches()` asks for:
   ICLR 2025, arXiv 2412.06464);
 - `SparseAttention` attends to the k keys a lightning indexer scores
   highest (`SparseCache`), DeepSeek-V3.2-Exp's report, section 1
-  (equations 1 and 2) and section 2.1 (its training losses).
+  (equations 1 and 2), and the indexer's loss of its continued
+  pre-training (`indexer_kl`).
 """
 
 import torch
@@ -565,12 +566,12 @@ def top_k_mask(scores, allowed, k):
 
 
 def indexer_kl(weights, scores, allowed):
-    """The indexer's loss of DeepSeek-V3.2-Exp (section 2.1): sum over
-    queries t (and batch rows) of KL(p_t || softmax(I_t)), where p_t is the
-    main attention's weights (B, H, T, T_k) summed over heads and
-    L1-normalised, over the `allowed` keys (B, T, T_k) or (T, T_k): all
-    causal keys in the dense warm-up, the selected ones in sparse
-    training. The target p is detached: the loss trains only the indexer
+    """The indexer's loss in DeepSeek-V3.2-Exp's continued pre-training:
+    the sum over queries t (and batch rows) of KL(p_t || softmax(I_t)),
+    where p_t is the main attention's weights (B, H, T, T_k) summed over
+    heads and L1-normalised, over the `allowed` keys (B, T, T_k) or (T,
+    T_k): all causal keys in the dense warm-up, the selected ones in
+    sparse training. The target p is detached: the loss trains only the indexer
     scores (B, T, T_k)."""
     p = weights.detach().sum(dim=1) * allowed
     p = p / p.sum(dim=-1, keepdim=True)
