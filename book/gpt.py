@@ -110,8 +110,11 @@ def get_batch(data, B, T, gen):
     return x, y
 
 
-def train(model, data, steps, B=32, T=128, lr=3e-3, seed=0):
-    """AdamW on random windows; returns the loss of every step."""
+def train(model, data, steps, B=32, T=128, lr=3e-3, seed=0, extra_loss=None):
+    """AdamW on random windows; returns the loss of every step. With
+    `extra_loss`, each step's loss also adds extra_loss(step, weights),
+    the attention weights of that step (chapter 12's sparse model); the
+    returned losses stay the cross-entropy alone."""
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
@@ -119,9 +122,15 @@ def train(model, data, steps, B=32, T=128, lr=3e-3, seed=0):
         for group in optimizer.param_groups:
             group["lr"] = lr * (1 - step / steps)  # linear decay to 0
         x, y = get_batch(data, B, T, gen)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        if extra_loss is None:
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            total = loss
+        else:
+            logits, weights = model(x, return_weights=True)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            total = loss + extra_loss(step, weights)
         optimizer.zero_grad()
-        loss.backward()
+        total.backward()
         optimizer.step()
         losses.append(loss.item())
     return losses

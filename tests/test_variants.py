@@ -541,3 +541,136 @@ def test_a_detached_indexer_passes_no_gradient_to_its_input():
         loss = v.indexer_kl(weights, scores, allowed)
         (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
         assert (grad is None) == detach
+
+
+# --- gpt.train's extra_loss and chapter 12's trained models -----------------
+
+
+def train_reference(model, data, steps, B, T, lr, seed):
+    """gpt.train as it was before extra_loss: chapter 10's stored weights
+    were trained by this loop."""
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * (1 - step / steps)
+        x, y = gpt.get_batch(data, B, T, gen)
+        loss = torch.nn.functional.cross_entropy(
+            model(x).flatten(0, 1), y.flatten()
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def small_trainee(attention=None, seed=0):
+    torch.manual_seed(seed)
+    return gpt.GPT(VOCAB, d=16, H=2, layers=2, d_ff=24, attention=attention)
+
+
+TRAIN = {"steps": 3, "B": 2, "T": 8, "lr": 0.01, "seed": 5}
+DATA = torch.arange(200) % VOCAB
+
+
+def test_train_without_extra_loss_equals_the_old_loop_bit_for_bit():
+    model, reference = small_trainee(), small_trainee()
+    losses = gpt.train(model, DATA, **TRAIN)
+    assert losses == train_reference(reference, DATA, **TRAIN)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_constant_extra_loss_changes_nothing_and_is_not_logged():
+    """The returned losses are the cross-entropy alone, and extra_loss is
+    called once per step with that step's weights (B, layers, H, T, T)."""
+    model, reference = small_trainee(), small_trainee()
+    calls = []
+
+    def extra(step, weights):
+        calls.append((step, tuple(weights.shape)))
+        return torch.tensor(5.0)
+
+    losses = gpt.train(model, DATA, **TRAIN, extra_loss=extra)
+    assert losses == gpt.train(reference, DATA, **TRAIN)
+    assert calls == [(s, (2, 2, 2, 8, 8)) for s in range(TRAIN["steps"])]
+
+
+def sparse_trainee():
+    return small_trainee(lambda i: v.SparseAttention(16, 2, k=3, d_I=4))
+
+
+def indexer_loss(layers):
+    """extra_loss: the sparse layers' indexer KL, summed."""
+
+    def kl(step, weights):
+        return sum(
+            v.indexer_kl(weights[:, i], layer.index[0], layer.index[2])
+            for i, layer in enumerate(layers)
+        )
+
+    return kl
+
+
+def recorder(grads):
+    """A tensor hook that appends the size of each gradient to grads."""
+    return lambda g: grads.append(g.abs().sum().item())
+
+
+def test_the_extra_losss_gradient_reaches_the_indexer():
+    """Top-k passes no gradient: without extra_loss no gradient reaches
+    the indexer; the indexer's KL through extra_loss gives it a nonzero
+    one at every step."""
+    for with_kl in (False, True):
+        model = sparse_trainee()
+        layers = [b.self_attn for b in model.blocks]
+        grads = []
+        for layer in layers:
+            layer.detach_indexer = True
+            for p in (layer.index_q.weight, layer.index_k.weight):
+                p.register_hook(recorder(grads))
+        kl = indexer_loss(layers) if with_kl else None
+        gpt.train(model, DATA, **TRAIN, extra_loss=kl)
+        if with_kl:
+            assert len(grads) == 4 * TRAIN["steps"] and min(grads) > 0
+        else:
+            assert grads == []
+
+
+def test_build_variant_seeds_and_sizes():
+    for name, (seed, _) in v.VARIANTS.items():
+        model, got = v.build_variant(name, VOCAB, d=16, H=4, d_ff=24)
+        torch.manual_seed(seed)
+        again, _ = v.build_variant(name, VOCAB, d=16, H=4, d_ff=24)
+        assert got == seed
+        for p, q in zip(model.parameters(), again.parameters()):
+            assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="unknown variant"):
+        v.build_variant("mha", VOCAB)
+
+
+def test_the_variants_are_what_chapter_12_says():
+    vocab = 65
+
+    def count(model):
+        return sum(p.numel() for p in model.parameters())
+
+    def build(name):
+        return v.build_variant(name, vocab)[0]
+
+    mha = count(gpt.GPT(vocab))
+    wide = count(build("mqa_wide"))
+    for d_ff in range(200, 400):  # no other width comes as close
+        other = count(gpt.GPT(vocab, G=1, d_ff=d_ff))
+        assert d_ff == v.MQA_WIDE_D_FF or abs(other - mha) > abs(wide - mha)
+    assert [b.self_attn.G for b in build("gqa").blocks] == [2, 2]
+    assert build("window").w == 32
+    hybrid = [type(b.self_attn) for b in build("hybrid").blocks]
+    assert hybrid == [v.LinearAttention, transformer.RotarySelfAttention]
+    assert build("hybrid").blocks[0].self_attn.rule == "gated_delta"
+    assert [b.self_attn.source for b in build("cla").blocks] == [None, 0]
+    mla = build("mla").blocks[1].self_attn
+    assert (mla.d_c, mla.d_R) == (v.D_C, v.D_R) == (16, 8)
+    assert [b.self_attn.k for b in build("sparse").blocks] == [32, 32]
