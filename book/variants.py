@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt import GPT
 from transformer import (
     Cache,
     KVCache,
@@ -635,3 +636,80 @@ class SparseAttention(RotarySelfAttention):
             V = V.repeat_interleave(self.H // self.G, dim=1)
         out, weights = attend(Q, K, V, chosen[:, None])
         return self.out_proj(merge_heads(out)), weights
+
+
+# Chapter 12's trained models: one place for their definitions
+
+
+D_C, D_R = 16, 8  # MLA's latent and rotary key (see VARIANTS)
+K_SPARSE = 32  # keys per query of the sparse model
+MQA_WIDE_D_FF = 304  # the feed-forward width that matches MHA's parameters
+
+
+def mla(d, H):
+    return lambda i: MultiHeadLatentAttention(d, H, D_C, D_R)
+
+
+def hybrid(d, H):
+    """Layer 0 Gated DeltaNet, every later layer chapter 10's attention."""
+    return lambda i: (
+        LinearAttention(d, H, rule="gated_delta")
+        if i == 0
+        else RotarySelfAttention(d, H, causal=True)
+    )
+
+
+def sparse(d, H):
+    return lambda i: SparseAttention(d, H, K_SPARSE)
+
+
+def cla(d, H):
+    return cross_layer(d, H, [None, 0])
+
+
+# name: (seed, GPT's keyword arguments; "attention" is a function of d and
+# H that gives GPT's `attention`). Chapter 10's gpt_G4.pt (MHA, G = H = 4)
+# and gpt_G1.pt (MQA) are the seed-0 models of mha and mqa.
+#
+# - mla: d_c = 16, d_R = 8. DeepSeek-V2 pairs heads of d_h = 128 with a
+#   rotary key of d_R = 64, half a head, and a latent of d_c = 512, four
+#   heads (its section 3.1.2). Half of this model's heads (d_h = 16) gives
+#   d_R = 8; four heads would give d_c = 64 = d, a latent as wide as the
+#   model, which compresses nothing. d_c = 16 = d / 4 instead: 24 numbers
+#   per token and layer, against MHA's 2 d = 128 and MQA's 32.
+# - hybrid: Qwen3-Next puts one full-attention layer after every three
+#   Gated DeltaNet layers (3:1). Two layers cannot keep that ratio: one of
+#   each (1:1), the linear layer first, as in Qwen3-Next's groups.
+# - sparse: k = 32 keys per query, a quarter of the training length T =
+#   128, so that the model is sparse in training too.
+# - mqa_wide: MQA (G = 1) with the feed-forward width raised from 256 to
+#   304, the width whose parameter count is closest to MHA's.
+VARIANTS = {
+    "mha_seed1": (1, {"G": 4}),
+    "mha_seed2": (2, {"G": 4}),
+    "mqa_seed1": (1, {"G": 1}),
+    "gqa": (0, {"G": 2}),
+    "window": (0, {"G": 4, "w": 32}),
+    "mla": (0, {"attention": mla}),
+    "hybrid": (0, {"attention": hybrid}),
+    "sparse": (0, {"attention": sparse}),
+    "cla": (0, {"attention": cla}),
+    "mqa_wide": (0, {"G": 1, "d_ff": MQA_WIDE_D_FF}),
+}
+
+
+def build_variant(name, vocab, **sizes):
+    """A freshly initialised GPT of chapter 12's variant `name` (a key of
+    VARIANTS), with torch's generator seeded by the variant's seed first;
+    `sizes` (d, H, layers, d_ff) default to chapter 10's. Returns the model
+    and the seed (training's batches use it too)."""
+    if name not in VARIANTS:
+        raise ValueError(
+            f"unknown variant {name!r}: choose one of {sorted(VARIANTS)}"
+        )
+    seed, kwargs = VARIANTS[name]
+    kwargs = {"d": 64, "H": 4, "layers": 2, "d_ff": 256, **sizes, **kwargs}
+    if "attention" in kwargs:  # a function of d and H: GPT's attention
+        kwargs["attention"] = kwargs["attention"](kwargs["d"], kwargs["H"])
+    torch.manual_seed(seed)
+    return GPT(vocab, **kwargs), seed
