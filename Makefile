@@ -42,9 +42,12 @@ help:
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
 	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times,"
-	@echo "                    its static cache, decode levers, batching and speculative decoding"
-	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, long-context, train-positions, train-sentiment,"
-	@echo "                    train-additive): weights and logs in book/data/"
+	@echo "                    its static cache, decode levers, batching and speculative decoding;"
+	@echo "                    chapter 12's decoding speed of each attention variant"
+	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
+	@echo "                    train-positions, train-sentiment, train-additive): weights and logs in book/data/"
+	@echo "make train-variants chapter 12's attention variants trained like chapter 10's GPT, two at a time"
+	@echo "                    (JOBS_TRAIN=N): weights in book/data/variants/, logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
 	@echo "                    tests per file, portable variants); not a test"
@@ -131,7 +134,8 @@ outputs: $(STAMP)
 # bandwidth, per-operation, matmul-ceiling and generation times
 # (tools/bench_token_cost.py, seconds, one run), its static cache, decode
 # levers and batching (tools/bench_static.py) and speculative decoding
-# (tools/bench_speculative.py).
+# (tools/bench_speculative.py); chapter 12's greedy decoding speed of each
+# attention variant with its own cache (tools/bench_variants.py).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
@@ -141,6 +145,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_token_cost.py
 	$(BIN)/python tools/bench_static.py
 	$(BIN)/python tools/bench_speculative.py
+	$(BIN)/python tools/bench_variants.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt
@@ -181,10 +186,21 @@ train-additive: $(STAMP)
 train-sentiment: $(STAMP)
 	$(BIN)/python tools/train_sentiment.py
 
+# Chapter 12's attention variants (book/variants.py's VARIANTS), each trained
+# like chapter 10's GPT in a process of its own on one thread, JOBS_TRAIN at
+# a time (tools/train_variants.py): weights in book/data/variants/, the log
+# and a summary with each model's CPU and wall seconds in book/data/.
+# Measured once, 2 jobs on 2 cores shared with other work: 945 s of CPU for
+# the ten models (75-151 s each), 1,386 s wall.
+JOBS_TRAIN ?= 2
+.PHONY: train-variants
+train-variants: $(STAMP)
+	$(BIN)/python tools/train_variants.py --jobs $(JOBS_TRAIN)
+
 # Every training target, one after the other (chapters 6, 7 and 9 train on one
 # thread and log their CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all).
 .PHONY: train
-train: train-gpt train-gpt-draft long-context train-positions train-sentiment train-additive
+train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive
 
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).
