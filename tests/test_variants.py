@@ -640,12 +640,18 @@ def test_the_extra_losss_gradient_reaches_the_indexer():
 
 
 def test_build_variant_seeds_and_sizes():
-    for name, (seed, _) in v.VARIANTS.items():
-        model, got = v.build_variant(name, VOCAB, d=16, H=4, d_ff=24)
-        torch.manual_seed(seed)
-        again, _ = v.build_variant(name, VOCAB, d=16, H=4, d_ff=24)
+    """A variant without its own attention is GPT with its keyword
+    arguments (they override `sizes`), built after seeding its seed."""
+    sizes = {"d": 16, "H": 4, "d_ff": 24}
+    for name, (seed, kwargs) in v.VARIANTS.items():
+        model, got = v.build_variant(name, VOCAB, **sizes)
         assert got == seed
-        for p, q in zip(model.parameters(), again.parameters()):
+        if "attention" in kwargs:
+            continue
+        torch.manual_seed(seed)
+        direct = gpt.GPT(VOCAB, **{**sizes, **kwargs})
+        assert list(model.state_dict()) == list(direct.state_dict())
+        for p, q in zip(model.parameters(), direct.parameters()):
             assert torch.equal(p, q)
     with pytest.raises(ValueError, match="unknown variant"):
         v.build_variant("mha", VOCAB)
