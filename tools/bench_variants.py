@@ -39,6 +39,7 @@ MODELS = {
     "mha": 4,
     "gqa": "gqa",
     "mqa": 1,
+    "mqa_wide": "mqa_wide",
     "window": "window",
     "mla": "mla",
     "mla_absorbed": "mla",
