@@ -7,21 +7,33 @@ formula's pieces against their configurations' arithmetic."""
 
 import pytest
 import torch
+from chapter_loader import load_chapter
 
 import variants as v
-from chapter_loader import load_chapter
 from gpt import GPT
 
 ch12 = load_chapter("12_variants.ipynb")
 VOCAB = 65  # chapter 10's characters
-NAMES = ["mha", "gqa", "mqa", "mqa_wide", "window", "mla", "cla", "hybrid", "sparse"]
+NAMES = [
+    "mha",
+    "gqa",
+    "mqa",
+    "mqa_wide",
+    "window",
+    "mla",
+    "cla",
+    "hybrid",
+    "sparse",
+]
 
 
 def build(name):
     """An untrained model of kind `name`, with chapter 10's sizes."""
     if name in ("mha", "mqa"):
         torch.manual_seed(0)
-        model = GPT(VOCAB, d=64, H=4, layers=2, d_ff=256, G=4 if name == "mha" else 1)
+        model = GPT(
+            VOCAB, d=64, H=4, layers=2, d_ff=256, G=4 if name == "mha" else 1
+        )
     else:
         model, _ = v.build_variant(name, VOCAB)
     return model.eval()
@@ -39,7 +51,9 @@ def test_the_count_equals_the_real_caches(name, T):
     assert round(4 * T * sum(ch12.numbers_per_token(name, T).values())) == held
 
 
-@pytest.mark.parametrize("name", ["mha", "window", "mla", "cla", "hybrid", "sparse"])
+@pytest.mark.parametrize(
+    "name", ["mha", "window", "mla", "cla", "hybrid", "sparse"]
+)
 def test_extend_holds_what_the_model_would_have_cached(name):
     """Copies added by `extend` take the bytes that 90 more real tokens take."""
     model, text = build(name), tokens(130, seed=1)
