@@ -191,7 +191,7 @@ train-sentiment: $(STAMP)
 # a time (tools/train_variants.py): weights in book/data/variants/, the log
 # and a summary with each model's CPU and wall seconds in book/data/.
 # Measured once, 2 jobs on 2 cores shared with other work: 945 s of CPU for
-# the ten models (75-151 s each), 1,386 s wall.
+# the ten models (75-151 s each; variants_train.csv).
 JOBS_TRAIN ?= 2
 .PHONY: train-variants
 train-variants: $(STAMP)

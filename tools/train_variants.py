@@ -5,7 +5,8 @@ trained like chapter 10's GPT (tools/train_gpt.py's `setup`: the same data,
 sizes, STEPS steps, batches, learning-rate schedule and book/gpt.py's
 `train`, with the variant's seed for the initialisation and the batches).
 
-Each model trains in a process of its own on one thread, JOBS at a time;
+Each model trains in a process of its own on one thread, `--jobs` at a
+time (`make train-variants JOBS_TRAIN=N`);
 its CPU seconds come from `time.process_time()` in that process (wall
 seconds too). Stores the weights (book/data/variants/<name>.pt, float32
 state_dicts), the log (book/data/variants_train_log.csv: name, seed, step,
