@@ -52,6 +52,11 @@ class GPT(nn.Module):
         attention=None,
     ):
         super().__init__()
+        if attention is not None and (G is not None or w is not None):
+            raise ValueError(
+                "G and w set chapter 10's attention; with attention=..., "
+                "the variant's layers set their own"
+            )
         self.context, self.w = context, w
         self.embed = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(

@@ -193,9 +193,10 @@ class MultiHeadLatentAttention(nn.Module):
         return self.out_proj(merge_heads(out)), weights
 
     def attend_absorbed(self, q_C, q_R, c, k_R, mask):
-        """The same from c without rebuilding keys or values: head h's
-        query becomes q_C W_UK,h (d_c numbers), and W_O,h W_UV,h maps the
-        weighted latents of head h to the output."""
+        """The same from c without rebuilding keys or values: each head's
+        query q_C becomes q_C W_UK (d_c numbers, with that head's slice of
+        W_UK), and that head's W_O W_UV maps its weighted latents to the
+        output."""
         H, d_h, d_c = self.H, self.d_h, self.d_c
         W_UK = self.up_k.weight.view(H, d_h, d_c)
         W_UV = self.up_v.weight.view(H, d_h, d_c)
@@ -471,8 +472,10 @@ class LinearAttention(nn.Module):
     decay gate alpha_t = sigmoid(W_alpha x_t) per head, or a fixed `decay`
     in (0, 1]. The delta rules use L2-normalised queries and keys and no
     normaliser z. Left out of Gated DeltaNet: its short convolutions and
-    output gate. Without a cache the layer computes all tokens at once
-    (the parallel forms); with one, token by token (the recurrent forms).
+    output gate and norm, and the SiLU on queries, keys and values; its
+    decay gate is a sigmoid, not the paper's Mamba2-style one. Without a
+    cache the layer computes all tokens at once (the parallel forms); with
+    one, token by token (the recurrent forms).
     It has no weight matrix: its weights are None.
     """
 
@@ -484,6 +487,10 @@ class LinearAttention(nn.Module):
         if rule not in self.RULES:
             raise ValueError(f"rule must be one of {self.RULES}, got {rule!r}")
         check_decay(decay)
+        if phi != "elu+1" and rule != "linear":
+            raise ValueError(
+                f'a feature map phi belongs to rule="linear", not {rule!r}'
+            )
         if decay is not None and rule != "gated_delta":
             raise ValueError('a fixed decay needs rule="gated_delta"')
         self.H, self.d_k, self.rule, self.decay = H, d // H, rule, decay
@@ -572,8 +579,8 @@ def indexer_kl(weights, scores, allowed):
     where p_t is the main attention's weights (B, H, T, T_k) summed over
     heads and L1-normalised, over the `allowed` keys (B, T, T_k) or (T,
     T_k): all causal keys in the dense warm-up, the selected ones in
-    sparse training. The target p is detached: the loss trains only the indexer
-    scores (B, T, T_k)."""
+    sparse training. The target p is detached: the loss trains only what the scores
+    (B, T, T_k) depend on, the indexer alone when its input is detached."""
     p = weights.detach().sum(dim=1) * allowed
     p = p / p.sum(dim=-1, keepdim=True)
     log_q = scores.masked_fill(~allowed, float("-inf")).log_softmax(dim=-1)

@@ -59,16 +59,44 @@ def test_greedy_matches_uncached_reference(models, prompts, expected):
             assert torch.equal(tokens, expected[name, i])
 
 
+@torch.no_grad()
+def reference_counts(text, draft, P, n_new, k):
+    """(proposed, accepted) of greedy speculative decoding, from the main
+    model's greedy text (its first P tokens the prompt) and the draft run
+    without a cache: each round the draft proposes up to k tokens, the
+    leading ones that equal the main model's text are accepted, and the
+    main model adds its own next token."""
+    text, proposed, accepted = text.tolist(), 0, 0
+    n = P  # tokens kept so far
+    while n < P + n_new:
+        k_round, guesses = min(k, P + n_new - n - 1), []
+        for _ in range(k_round):
+            logits = draft(torch.tensor(text[:n] + guesses)[None])[0, -1]
+            guesses.append(int(logits.argmax()))
+        a = 0
+        while a < k_round and guesses[a] == text[n + a]:
+            a += 1
+        proposed, accepted, n = proposed + k_round, accepted + a, n + a + 1
+    return proposed, accepted
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
 def test_speculative_is_greedy(models, prompts, expected, k):
-    draft = models[2]
+    """The text of plain greedy decoding, and the counts of proposed and
+    accepted tokens of a reference run with an uncached draft."""
+    draft, some_accepted = models[2], 0
     for name, model in zip(("main", "windowed"), models[:2], strict=True):
         for i, prompt in enumerate(prompts):
             tokens, proposed, accepted = spec.speculative(
                 model, draft, prompt, 45, k
             )
             assert torch.equal(tokens, expected[name, i])
-            assert 0 <= accepted <= proposed <= 45 * k
+            counts = reference_counts(
+                expected[name, i], draft, len(prompt), 45, k
+            )
+            assert (proposed, accepted) == counts
+            some_accepted += 0 < accepted < proposed
+    assert some_accepted  # the draft is partly right somewhere
 
 
 @pytest.mark.parametrize("k", [2, 5])

@@ -1,7 +1,8 @@
 """Chapter 12's attention variants (book/variants.py) and GPT's hook for
 them (book/gpt.py, `GPT(attention=...)`): every equality the chapter will
 assert, on small random float64 models and shapes it never prints, each
-against an independent reference written here, and every bad input of
+against a reference written here (a formula, a loop, autograd, the plain
+model) or, for a cache, against the uncached model; and every bad input of
 issue 35 item 7."""
 
 import pytest
@@ -64,6 +65,7 @@ VARIANTS = {
     ),
     "sparse": lambda i: v.SparseAttention(D, H, k=4, H_I=2, d_I=6),
     "sparse-gqa": lambda i: v.SparseAttention(D, H, k=3, G=1),
+    "cla": v.cross_layer(D, H, [None, 0]),  # layer 1 reuses layer 0's
 }
 
 
@@ -122,10 +124,6 @@ def test_cached_decode_equals_the_uncached_model(name):
 def test_a_variant_refuses_a_mask_and_a_foreign_cache(name):
     layer = VARIANTS[name](0)
     x = torch.randn(1, 4, D)
-    if isinstance(layer, transformer.RotarySelfAttention) and not hasattr(
-        layer, "new_cache"
-    ):
-        return  # chapter 10's layer (the hybrid's softmax layer)
     with pytest.raises(ValueError, match="no mask"):
         layer(x, torch.ones(4, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="needs a"):
@@ -594,7 +592,7 @@ def test_a_constant_extra_loss_changes_nothing_and_is_not_logged():
         return torch.tensor(5.0)
 
     losses = gpt.train(model, DATA, **TRAIN, extra_loss=extra)
-    assert losses == gpt.train(reference, DATA, **TRAIN)
+    assert losses == train_reference(reference, DATA, **TRAIN)
     assert calls == [(s, (2, 2, 2, 8, 8)) for s in range(TRAIN["steps"])]
 
 
@@ -680,3 +678,14 @@ def test_the_variants_are_what_chapter_12_says():
     mla = build("mla").blocks[1].self_attn
     assert (mla.d_c, mla.d_R) == (v.D_C, v.D_R) == (16, 8)
     assert [b.self_attn.k for b in build("sparse").blocks] == [32, 32]
+
+
+def test_gpt_refuses_g_or_w_with_a_variant():
+    for extra in ({"G": 1}, {"w": 8}):
+        with pytest.raises(ValueError, match="G and w set chapter 10's"):
+            gpt.GPT(VOCAB, d=D, H=H, attention=VARIANTS["mla"], **extra)
+
+
+def test_a_feature_map_only_for_linear_attention():
+    with pytest.raises(ValueError, match='phi belongs to rule="linear"'):
+        v.LinearAttention(D, H, rule="delta", phi="relu")
