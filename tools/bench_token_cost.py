@@ -1,6 +1,8 @@
 """Chapter 11's measurements (`make bench`), all in one run on one machine,
-on one thread, in CPU seconds (the median of REPEATS runs; wall seconds are
-recorded too, since the machine may be shared):
+on one thread, in CPU seconds (medians: REPEATS runs for prefill and decode,
+bench_gpt.REPEATS for generation, matmul_ceiling's own count for the
+matmul row; the CSV records each; wall seconds are recorded too, since the
+machine may be shared):
 
 - prefill: chapter 10's stored GPT (book/gpt.py's class, chapter 11's
   sizes MODEL, weights book/data/gpt_G4.pt) called on T tokens, T in

@@ -2,8 +2,8 @@
 NEW_TOKENS new tokens after a PROMPT-character prompt, with each model's
 own cache (book/gpt.py's `greedy`, caches from `GPT.new_caches()`), for
 chapter 10's MHA and MQA (book/data/gpt_G4.pt, gpt_G1.pt) and the variants
-of tools/train_variants.py (book/data/variants/<name>.pt): GQA, the window
-model (its rolling cache), MLA expanded and absorbed (the same weights,
+of tools/train_variants.py (book/data/variants/<name>.pt): GQA, the
+width-matched MQA, the window model (its rolling cache), MLA expanded and absorbed (the same weights,
 `absorbed=True`: the keys and values never rebuilt), the hybrid, the
 sparse model and CLA.
 
