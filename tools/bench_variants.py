@@ -3,9 +3,9 @@ NEW_TOKENS new tokens after a PROMPT-character prompt, with each model's
 own cache (book/gpt.py's `greedy`, caches from `GPT.new_caches()`), for
 chapter 10's MHA and MQA (book/data/gpt_G4.pt, gpt_G1.pt) and the variants
 of tools/train_variants.py (book/data/variants/<name>.pt): GQA, the
-width-matched MQA, the window model (its rolling cache), MLA expanded and absorbed (the same weights,
-`absorbed=True`: the keys and values never rebuilt), the hybrid, the
-sparse model and CLA.
+width-matched MQA, the window model (its rolling cache), MLA expanded and
+absorbed (the same weights, `absorbed=True`: the keys and values never
+rebuilt), the hybrid, the sparse model and CLA.
 
 One thread; tokens per CPU second (the machine may be shared); REPEATS
 rounds, each round decoding with every model once, so that a drift of the
