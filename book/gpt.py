@@ -34,7 +34,7 @@ class GPT(nn.Module):
     """Embedding, `layers` causal pre-norm blocks, LayerNorm, readout.
 
     `attention`, if given, builds each block's attention: `attention(i)`
-    is layer i's module (chapter 12's variants, book/variants.py), called
+    is layer i's module (chapter 12's variants, in variants.py), called
     as `(x, mask, cache) -> (outputs, weights or None)`, in place of the
     rotary self-attention; its `new_cache()` gives its cache.
     """
