@@ -64,6 +64,13 @@ def merge_heads(out):
     return out.transpose(1, 2).reshape(B, T, H * d_k)
 
 
+def held_bytes(tensors):
+    """Bytes of the tensors a cache holds (None: nothing yet)."""
+    if tensors is None:
+        return 0
+    return sum(x.nelement() * x.element_size() for x in tensors)
+
+
 def check_positive_int(value, name):
     """Raise ValueError unless value is an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -96,9 +103,7 @@ class GrowingCache(Cache):
 
     def nbytes(self):
         """Bytes of every tensor held."""
-        if self.tensors is None:
-            return 0
-        return sum(x.nelement() * x.element_size() for x in self.tensors)
+        return held_bytes(self.tensors)
 
     def crop(self, n):
         """Keep the first n tokens."""
@@ -449,9 +454,7 @@ class StateCache(Cache):
         self.length += T
 
     def nbytes(self):
-        if self.state is None:
-            return 0
-        return sum(x.nelement() * x.element_size() for x in self.state)
+        return held_bytes(self.state)
 
     def crop(self, n):
         self.check_crop(n)
