@@ -416,7 +416,8 @@ def check_new(n_new):
 def greedy(model, prompt, n_new, caches="growing"):
     """The prompt (T,) and n_new greedy tokens after it; the logits of each
     step (n_new, vocab). `model` is a GPT or a Decoder; `caches`: "growing"
-    (model.new_caches(): KVCache, rolling if the model has a window),
+    (model.new_caches(): a variant's own caches, else KVCache, rolling if
+    the model has a window),
     "static" (StaticCache) or None (no cache: every step runs the model
     over all tokens so far); a Decoder always uses static caches."""
     check_prompt(prompt)

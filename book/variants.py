@@ -200,8 +200,9 @@ class MultiHeadLatentAttention(nn.Module):
     def attend_absorbed(self, q_C, q_R, c, k_R, mask):
         """The same from c without rebuilding keys or values: each head's
         query q_C becomes q_C W_UK (d_c numbers, with that head's slice of
-        W_UK), and that head's W_O W_UV maps its weighted latents to the
-        output."""
+        W_UK), and W_UV followed by that head's slice of the output
+        projection maps its weighted latents to the output (W_O below is
+        out_proj's weight, in DeepSeek's column form)."""
         H, d_h, d_c = self.H, self.d_h, self.d_c
         W_UK = self.up_k.weight.view(H, d_h, d_c)
         W_UV = self.up_v.weight.view(H, d_h, d_c)
@@ -476,7 +477,7 @@ class LinearAttention(nn.Module):
     in (0, 1]. The delta rules use L2-normalised queries and keys and no
     normaliser z. Left out of Gated DeltaNet: its short convolutions and
     output gate and norm, and the SiLU on queries, keys and values; its
-    decay gate is a sigmoid, not the paper's Mamba2-style one. Without a
+    decay gate is a sigmoid, not the Mamba2-style gate of its released code. Without a
     cache the layer computes all tokens at once (the parallel forms); with
     one, token by token (the recurrent forms).
     It has no weight matrix: its weights are None.
@@ -557,9 +558,10 @@ class SparseCache(GrowingCache):
 
 def indexer_scores(q_I, w_I, k_I):
     """The lightning indexer's scores I[t, s] = sum_j w[t, j] ReLU(q[t, j]
-    . k[s]) (DeepSeek-V3.2-Exp, equation 1): queries q_I (B, T, H_I, d_I)
-    and weights w_I (B, T, H_I) of H_I indexer heads, keys k_I (B, T_k,
-    d_I) shared by them. Returns (B, T, T_k)."""
+    . k[s]) (DeepSeek-V3.2-Exp, equation 1, in the report's letters: s the
+    key, j the head; chapter 12 writes I_{t,j} and omega_{t,r}): queries
+    q_I (B, T, H_I, d_I) and weights w_I (B, T, H_I) of H_I indexer heads,
+    keys k_I (B, T_k, d_I) shared by them. Returns (B, T, T_k)."""
     dots = torch.einsum("btjd,bsd->btjs", q_I, k_I)  # (B, T, H_I, T_k)
     return torch.einsum("btj,btjs->bts", w_I, F.relu(dots))
 
@@ -596,7 +598,8 @@ class SparseAttention(RotarySelfAttention):
     k keys that a lightning indexer scores highest (DeepSeek Sparse
     Attention). The indexer has H_I heads of size d_I (rotated by position
     like the queries and keys), a weight per head and query, and one key
-    per token. With k >= T it is causal attention. After each call,
+    per token. With k >= T_k (every key it may attend to) it is causal
+    attention. After each call,
     `self.index` holds (scores, allowed, chosen) for `indexer_kl`; with
     `detach_indexer`, the indexer reads a detached input, so that only its
     own loss trains it (the report's sparse stage)."""
@@ -683,7 +686,7 @@ def cla(d, H):
 #
 # - mla: d_c = 16, d_R = 8. DeepSeek-V2 pairs heads of d_h = 128 with a
 #   rotary key of d_R = 64, half a head, and a latent of d_c = 512, four
-#   heads (its section 3.1.2). Half of this model's heads (d_h = 16) gives
+#   heads (its section 3.1.2). Half of one of this model's heads (d_h = 16) gives
 #   d_R = 8; four heads would give d_c = 64 = d, a latent as wide as the
 #   model, which compresses nothing. d_c = 16 = d / 4 instead: 24 numbers
 #   per token and layer, against MHA's 2 d = 128 and MQA's 32.
@@ -691,7 +694,8 @@ def cla(d, H):
 #   Gated DeltaNet layers (3:1). Two layers cannot keep that ratio: one of
 #   each (1:1), the linear layer first, as in Qwen3-Next's groups.
 # - sparse: k = 32 keys per query, a quarter of the training length T =
-#   128, so that the model is sparse in training too.
+#   128, so that the model is sparse in training too, after 100 dense
+#   warm-up steps (a query before position 32 has at most 32 keys anyway).
 # - mqa_wide: MQA (G = 1) with the feed-forward width raised from 256 to
 #   304, the width whose parameter count is closest to MHA's.
 VARIANTS = {
