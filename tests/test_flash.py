@@ -1,0 +1,256 @@
+"""book/flash.py: chapter 8's fast tiled forward pass, moved into the module
+that chapter 8 imports and prints, checked against an independent naive
+program and PyTorch's fused kernel (F.scaled_dot_product_attention)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import BOOK  # noqa: F401  (puts book/ on sys.path)
+from torch.testing import assert_close
+
+import flash
+
+ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+def qkv(T, S=None, d=16, d_v=None, batch=(2, 3), dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    S = T if S is None else S
+    d_v = d if d_v is None else d_v
+    return (
+        torch.randn(*batch, T, d, generator=gen, dtype=dtype),
+        torch.randn(*batch, S, d, generator=gen, dtype=dtype),
+        torch.randn(*batch, S, d_v, generator=gen, dtype=dtype),
+    )
+
+
+def naive(q, k, v, causal=False):
+    """softmax(q k^T / sqrt(d_k)) v with the whole score matrix; causal:
+    query i sees keys 0 .. i (top-left, as SDPA's is_causal)."""
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if causal:
+        T_q, T_k = scores.shape[-2:]
+        seen = torch.ones(T_q, T_k, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~seen, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
+# --- chapter 8's fast forward: the margin and the exact recompute -------------
+
+
+def count_fast_rows(monkeypatch):
+    """Wrap the chapter's fast_row: the list of the `lazy` flag of each call
+    (True: the lazy reference; False: the exact recompute of a row block)."""
+    calls, fast_row = [], flash.fast_row
+
+    def counting(*args):
+        calls.append(args[7])
+        return fast_row(*args)
+
+    monkeypatch.setattr(flash, "fast_row", counting)
+    return calls
+
+
+@pytest.mark.parametrize("base2", [False, True])
+def test_fast_recomputes_exactly_when_the_margin_is_exceeded(
+    monkeypatch, base2
+):
+    """One query, keys 0 and 1 with scores 0 and s: the row sum relative to
+    key 0's score is 1 + exp(s). Up to 2 ** MARGIN = 2 ** 20 (s < 13.86) the
+    lazy row is kept; above, the row block is computed again, exactly."""
+    assert flash.MARGIN == 20
+    calls = count_fast_rows(monkeypatch)
+    for s, recomputed in ((13.3, False), (14.3, True), (5.0, False)):
+        q = torch.ones(1, 1, 1, dtype=torch.float64)
+        k = torch.tensor([[[0.0], [s]]], dtype=torch.float64)
+        v = torch.tensor([[[1.0], [2.0]]], dtype=torch.float64)
+        calls.clear()
+        got = flash.fast_attention(q, k, v, levers={"base2": base2})
+        assert calls == ([True, False] if recomputed else [True]), s
+        assert_close(got, naive(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_fast_recomputes_only_the_row_blocks_that_need_it(monkeypatch):
+    """Random scores stay within the margin: no row block is recomputed.
+    Scores rising 300 above key 0's: every row block is, once."""
+    calls = count_fast_rows(monkeypatch)
+    q, k, v = qkv(64, d=8, batch=(2,), dtype=torch.float32)
+    flash.fast_attention(q, k, v, B_r=16, B_c=16)
+    assert calls == [True] * 4
+    calls.clear()
+    q, k, v = late_rising_scores(64, 300.0, torch.float32)
+    got = flash.fast_attention(q, k, v, B_r=16, B_c=16)
+    assert calls == [True, False] * 4
+    assert_close(got, naive(q, k, v), rtol=0, atol=1e-5)
+
+
+# --- the fast tiled attention ---------------------------------------------------
+
+ALL_LEVERS = ["as set", "all on", "all off"] + [
+    f"toggle {name}" for name in ("base2", "inside", "ones", "lazy")
+]
+
+
+def levers_of(name):
+    """The levers argument: the chapter's own, all on, all off, or the
+    chapter's with one change toggled."""
+    if name.startswith("all"):
+        return dict.fromkeys(flash.LEVERS, name == "all on")
+    lever = name.removeprefix("toggle ")
+    return {lever: not flash.LEVERS[lever]} if lever in flash.LEVERS else {}
+
+
+# lengths that are and are not multiples of the tile sides, tiles of one
+# query and key, odd tiles, tiles larger than the sequence
+FAST_CASES = [
+    (1, 1, 1), (1, 512, 512), (2, 1, 1), (17, 1, 1), (17, 3, 5),
+    (17, 16, 16), (97, 3, 5), (97, 7, 64), (97, 512, 512), (200, 16, 16),
+    (200, 7, 64),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T, B_r, B_c", FAST_CASES)
+def test_fast_equals_naive(T, B_r, B_c, causal, dtype):
+    q, k, v = qkv(T, dtype=dtype, seed=T + 1)
+    expected = naive(q, k, v, causal)
+    for levers in ALL_LEVERS:  # every setting of the changes
+        got = flash.fast_attention(
+            q, k, v, causal, B_r, B_c, levers_of(levers)
+        )
+        assert got.dtype == dtype and got.shape == expected.shape
+        assert_close(got, expected, rtol=0, atol=ATOL[dtype], msg=levers)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L, S", [(5, 40), (40, 5), (33, 100), (1, 9)])
+def test_fast_cross_attention_lengths(L, S, causal):
+    q, k, v = qkv(L, S, d=8, d_v=5, batch=(3,))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    for levers in ALL_LEVERS:
+        got = flash.fast_attention(q, k, v, causal, 4, 6, levers_of(levers))
+        assert_close(got, expected, rtol=0, atol=1e-12, msg=levers)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_float32_at_benchmark_shape(causal):
+    """T = 2500 (no multiple of the tiles), 8 heads, d_k = 64, the default
+    tiles: within 1e-5 of the fused kernel (an independent program) in
+    float32."""
+    q, k, v = qkv(2500, d=64, batch=(1, 8), dtype=torch.float32)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert_close(
+        flash.fast_attention(q, k, v, causal), expected, rtol=0, atol=1e-5
+    )
+
+
+def late_rising_scores(T, top, dtype, seed=0):
+    """One query row per head whose scores wander in [-8, 8] and then climb
+    to `top` over the last keys: the last key tile holds the largest score
+    by far, much more than MARGIN (base 2) above key 0's."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.rand(2, T, generator=gen, dtype=dtype) * 16 - 8
+    s[:, -40:] = torch.linspace(0.0, top, 40, dtype=dtype)
+    q = torch.zeros(2, T, 2, dtype=dtype)
+    q[..., 0] = 2**0.5  # score q . k / sqrt(2) = s
+    k = torch.zeros(2, T, 2, dtype=dtype)
+    k[..., 0] = s
+    v = torch.randn(2, T, 3, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    "levers", ["as set", "all on", "all off", "toggle lazy"]
+)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "dtype, top", [(torch.float32, 300.0), (torch.float64, 1000.0)]
+)
+def test_fast_maxima_rising_late(dtype, top, causal, levers):
+    """Every term above the margin, and 2 ** (top log2 e) overflows: only a
+    row of tiles recomputed with the exact reference gives the answer."""
+    q, k, v = late_rising_scores(200, top, dtype)
+    expected = naive(q, k, v, causal)
+    assert torch.isfinite(expected).all()
+    for B_r, B_c in ((16, 16), (7, 50), (512, 512), (200, 30)):
+        got = flash.fast_attention(
+            q, k, v, causal, B_r, B_c, levers_of(levers)
+        )
+        assert_close(got, expected, rtol=0, atol=ATOL[dtype])
+
+
+def test_fast_moderate_rise_within_float32():
+    """Scores 60 above key 0's: 2 ** 86 does not overflow float32, so only
+    the margin check (not an infinity) sends the rows to the exact path."""
+    q, k, v = late_rising_scores(100, 60.0, torch.float32)
+    expected = naive(q, k, v)
+    got = flash.fast_attention(q, k, v, B_r=8, B_c=16)
+    assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_fast_large_scores_do_not_overflow():
+    q, k, v = qkv(50, dtype=torch.float32)
+    got = flash.fast_attention(300.0 * q, k, v, B_r=8, B_c=8)
+    assert torch.isfinite(got).all()
+    expected = naive(300.0 * q, k, v)
+    assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_fast_large_values_do_not_overflow():
+    """Terms up to about 2 ** 16 pass the margin check on the sums, and
+    values of 1e35 then overflow float32 in the accumulator: the check must
+    also require finite accumulators, and send those rows to the exact path."""
+    q, k, v = late_rising_scores(100, 11.0, torch.float32)
+    k[:, 0, 0] = 0.0  # key 0's score is 0, the others at most 11
+    v = v * 1e35
+    got = flash.fast_attention(q, k, v, B_r=8, B_c=16)
+    expected = naive(q, k, v)
+    assert torch.isfinite(expected).all() and torch.isfinite(got).all()
+    assert_close(got / 1e35, expected / 1e35, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("levers", ALL_LEVERS)
+def test_fast_causal_outputs_ignore_the_future(levers):
+    """Masked keys get weight 0: values of 1e300 after t do not move the
+    outputs up to t beyond rounding (a row block that meets large future
+    scores takes the exact path, so the bits may differ, not the values)."""
+    q, k, v = qkv(30)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 13:, :] = 50.0 * torch.randn_like(k2[..., 13:, :])
+    v2[..., 13:, :] = 1e300
+    args = (True, 4, 6, levers_of(levers))
+    a = flash.fast_attention(q, k, v, *args)
+    b = flash.fast_attention(q, k2, v2, *args)
+    assert_close(a[..., :13, :], b[..., :13, :], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "levers, message",
+    [
+        ({"speed": True}, "levers must be a dict with keys from"),
+        ({"lazy": 1}, "True or False"),
+        ([("lazy", False)], "levers must be a dict"),
+    ],
+)
+def test_fast_rejects_bad_levers(levers, message):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match=message):
+        flash.fast_attention(q, k, v, levers=levers)
+
+
+@pytest.mark.parametrize("kwargs", [{"B_r": 0}, {"B_c": 2.5}, {"B_c": True}])
+def test_fast_rejects_bad_block_sizes(kwargs):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        flash.fast_attention(q, k, v, **kwargs)
+
+
+def test_fast_rejects_bad_tensors():
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        flash.fast_attention(q, k.clone().fill_(float("inf")), v)
+    with pytest.raises(ValueError, match="one dtype"):
+        flash.fast_attention(q, k.float(), v)
+    with pytest.raises(ValueError, match="torch tensors"):
+        flash.fast_attention(q, k, v.numpy())
