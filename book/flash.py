@@ -56,8 +56,11 @@ def check_torch(Q, K, V):
         raise ValueError("Q, K or V contains NaN or infinite values")
 
 
-def tile_schedule(T_q, T_k, B_r, B_c, causal=False):
-    """List of tiles (i0, i1, j0, j1, needs_mask) that tiled attention computes."""
+def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
+    """List of tiles (i0, i1, j0, j1, needs_mask) that tiled attention computes.
+
+    causal: query i sees keys 0 .. i + offset (offset T_k - T_q: bottom-right).
+    """
     for name, size in (("B_r", B_r), ("B_c", B_c)):
         if (
             not isinstance(size, numbers.Integral)
@@ -72,9 +75,9 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False):
         i1 = min(i0 + B_r, T_q)
         for j0 in range(0, T_k, B_c):
             j1 = min(j0 + B_c, T_k)
-            if causal and j0 > i1 - 1:
+            if causal and j0 > i1 - 1 + offset:
                 break  # this tile and the rest of the row: all future
-            tiles.append((i0, i1, j0, j1, causal and j1 - 1 > i0))
+            tiles.append((i0, i1, j0, j1, causal and j1 - 1 > i0 + offset))
     return tiles
 
 
@@ -110,7 +113,7 @@ def raise_reference(E, Q_i, C_i, l_i, base2):
         l_i.mul_(factor)
 
 
-def fast_row(E_buf, Q_i, Kt, V_aug, C_i, l_i, row, lazy, levers):
+def fast_row(E_buf, Q_i, Kt, V_aug, C_i, l_i, row, offset, lazy, levers):
     """All tiles of one row block; False if a term may exceed 2 ** MARGIN."""
     C_i.zero_()
     if l_i is not None:
@@ -124,7 +127,8 @@ def fast_row(E_buf, Q_i, Kt, V_aug, C_i, l_i, row, lazy, levers):
             E.add_(Q_i[..., -1:])
         keep = None
         if needs_mask:  # future keys: score at the reference, weight 0
-            keep = torch.ones(i1 - i0, j1 - j0, dtype=E.dtype).tril_(i0 - j0)
+            keep = torch.ones(i1 - i0, j1 - j0, dtype=E.dtype)
+            keep.tril_(i0 - j0 + offset)  # 1 where key j <= i + offset
             E.mul_(keep)
         if not lazy:
             raise_reference(E, Q_i, C_i, l_i, levers["base2"])
@@ -138,17 +142,25 @@ def fast_row(E_buf, Q_i, Kt, V_aug, C_i, l_i, row, lazy, levers):
     return bool((sums <= 2.0**MARGIN).all() and C_i.isfinite().all())
 
 
-def fast_attention(Q, K, V, causal=False, B_r=None, B_c=None, levers=None):
-    """tiled_attention's function, computed with the changes above."""
-    levers = check_fast(Q, K, V, levers)
+def fast_attention(
+    Q, K, V, causal=False, B_r=None, B_c=None, levers=None, offset=0,
+    return_lse=False,
+):  # fmt: skip
+    """tiled_attention's function, computed with the changes above.
+
+    causal: query i sees keys 0 .. i + offset. With return_lse, also each
+    query's log-sum-exp (..., T_q), from its reference and row sum.
+    """
+    levers = check_fast(Q, K, V, levers, offset)
     tile = FAST_TILE["causal" if causal else "no mask"]  # unless given
     B_r = tile[0] if B_r is None else B_r
     B_c = tile[1] if B_c is None else B_c
-    tiles = tile_schedule(Q.shape[-2], K.shape[-2], B_r, B_c, causal)
+    tiles = tile_schedule(Q.shape[-2], K.shape[-2], B_r, B_c, causal, offset)
     Q_aug, Kt, V_aug = augment(Q, K, V, levers["base2"], levers["ones"])
     (BH, T_q, _), (T_k, d_v) = Q_aug.shape, V.shape[-2:]
     rows_max = min(B_r, T_q)
     C = torch.empty(BH, T_q, d_v, dtype=Q.dtype)
+    lse = torch.empty(BH, T_q, dtype=Q.dtype)
     E_buf = torch.empty(BH, rows_max, min(B_c, T_k), dtype=Q.dtype)
     C_buf = torch.empty(BH, rows_max, V_aug.shape[-1], dtype=Q.dtype)
     l_buf = (
@@ -157,20 +169,168 @@ def fast_attention(Q, K, V, causal=False, B_r=None, B_c=None, levers=None):
     for (i0, i1), row in itertools.groupby(tiles, key=lambda t: t[:2]):
         Q_i, C_i = Q_aug[:, i0:i1].contiguous(), C_buf[:, : i1 - i0]
         l_i = None if l_buf is None else l_buf[:, : i1 - i0]
-        args = (E_buf, Q_i, Kt, V_aug, C_i, l_i, list(row))
+        args = (E_buf, Q_i, Kt, V_aug, C_i, l_i, list(row), offset)
         if not fast_row(*args, levers["lazy"], levers):
             fast_row(*args, False, levers)  # exact: reference = maximum
         sums = C_i[..., -1:] if l_i is None else l_i
         torch.div(C_i[..., :d_v], sums, out=C[:, i0:i1])
-    return C.reshape(*Q.shape[:-1], d_v)
+        if return_lse:  # r_i + log l_i: B_r logarithms per row of tiles
+            r = -Q_i[..., -1] * (math.log(2) if levers["base2"] else 1.0)
+            torch.add(r, sums[..., 0].log(), out=lse[:, i0:i1])
+    C = C.reshape(*Q.shape[:-1], d_v)
+    return (C, lse.reshape(Q.shape[:-1])) if return_lse else C
 
 
-def check_fast(Q, K, V, levers):
-    """check_torch, plus: levers names only known changes, with True/False."""
+def check_fast(Q, K, V, levers, offset=0):
+    """check_torch, plus: levers names only known changes, with True/False;
+    the causal offset is an integer >= 0 (every query sees key 0)."""
     check_torch(Q, K, V)
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
+        raise ValueError(f"offset must be an integer, got {offset!r}")
+    if offset < 0:
+        raise ValueError(
+            f"offset {offset} < 0: the first queries would see no key"
+        )
     levers = {} if levers is None else levers
     if not isinstance(levers, dict) or not set(levers) <= set(LEVERS):
         raise ValueError(f"levers must be a dict with keys from {set(LEVERS)}")
     if not all(isinstance(on, bool) for on in levers.values()):
         raise ValueError("every entry of levers must be True or False")
     return {**LEVERS, **levers}
+
+
+def flash_backward(
+    Q, K, V, C, lse, dC, causal=False, B_r=None, B_c=None, offset=0
+):
+    """dQ, dK, dV of attention, one tile of weights at a time.
+
+    From the forward's output C (..., T_q, d_v) and log-sum-exp lse
+    (..., T_q) and the output's gradient dC: each tile of weights is
+    recomputed, alpha_ij = exp(e_ij - lse_i), never stored. Key blocks form
+    the outer loop, as in FlashAttention-2's Algorithm 2, so each block's
+    dK_j and dV_j are summed in one buffer; dQ gathers every key block's part.
+    """
+    tile = FAST_TILE["causal" if causal else "no mask"]  # unless given
+    B_r = tile[0] if B_r is None else B_r
+    B_c = tile[1] if B_c is None else B_c
+    tiles = tile_schedule(Q.shape[-2], K.shape[-2], B_r, B_c, causal, offset)
+    (T_q, d_k), (T_k, d_v), dtype = Q.shape[-2:], V.shape[-2:], Q.dtype
+    dC3 = dC.reshape(-1, T_q, d_v)  # (BH, T_q, d_v)
+    BH = dC3.shape[0]
+    # [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = e_ij - lse_i, in one product
+    Q_aug = torch.empty(BH, T_q, d_k + 1, dtype=dtype)
+    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * d_k**-0.5
+    Q_aug[..., d_k] = -lse.reshape(-1, T_q)
+    Kt_aug = torch.ones(BH, d_k + 1, T_k, dtype=dtype)
+    Kt_aug[:, :d_k] = K.reshape(-1, T_k, d_k).transpose(1, 2)
+    K3 = K.reshape(-1, T_k, d_k)  # (BH, T_k, d_k)
+    # [dc_i, -D_i] . [v_j, 1] = dA_ij - D_i, with D_i = dc_i . c_i
+    dC_aug = torch.empty(BH, T_q, d_v + 1, dtype=dtype)
+    dC_aug[..., :d_v] = dC3
+    dC_aug[..., d_v] = -(dC3 * C.reshape(-1, T_q, d_v)).sum(dim=-1)
+    Vt_aug = torch.ones(BH, d_v + 1, T_k, dtype=dtype)
+    Vt_aug[:, :d_v] = V.reshape(-1, T_k, d_v).transpose(1, 2)
+    dQ = torch.zeros(BH, T_q, d_k, dtype=dtype)
+    dK = torch.zeros(BH, T_k, d_k, dtype=dtype)  # keys no query sees: 0
+    dV = torch.zeros(BH, T_k, d_v, dtype=dtype)
+    A_buf = torch.empty(BH, min(B_r, T_q), min(B_c, T_k), dtype=dtype)
+    dE_buf = torch.empty_like(A_buf)
+    by_key_block = sorted(tiles, key=lambda t: (t[2], t[0]))
+    for (j0, j1), column in itertools.groupby(by_key_block, lambda t: t[2:4]):
+        dK_j, dV_j = dK[:, j0:j1], dV[:, j0:j1]  # (BH, j1 - j0, d)
+        for i0, i1, _, _, needs_mask in column:
+            A = A_buf[:, : i1 - i0, : j1 - j0]
+            torch.bmm(Q_aug[:, i0:i1], Kt_aug[:, :, j0:j1], out=A)
+            keep = None
+            if needs_mask:  # future keys: exp(0) = 1, then weight 0
+                keep = torch.ones(i1 - i0, j1 - j0, dtype=dtype)
+                keep.tril_(i0 - j0 + offset)
+                A.mul_(keep)
+            A.exp_()  # the tile's weights alpha_ij, recomputed
+            if keep is not None:
+                A.mul_(keep)
+            dV_j.baddbmm_(A.transpose(1, 2), dC3[:, i0:i1])  # A^T dC
+            dE = dE_buf[:, : i1 - i0, : j1 - j0]
+            torch.bmm(dC_aug[:, i0:i1], Vt_aug[:, :, j0:j1], out=dE)
+            dE.mul_(A)  # dE_ij = alpha_ij (dA_ij - D_i)
+            dQ[:, i0:i1].baddbmm_(dE, K3[:, j0:j1])  # dE K, scaled below
+            dK_j.baddbmm_(dE.transpose(1, 2), Q_aug[:, i0:i1, :d_k])
+    dQ.mul_(d_k**-0.5)  # dQ = dE K / sqrt(d_k); dK took it from Q_aug
+    return (
+        dQ.reshape(Q.shape),
+        dK.reshape(*K.shape[:-1], d_k),
+        dV.reshape(*V.shape[:-1], d_v),
+    )
+
+
+class FlashAttention(torch.autograd.Function):
+    """Attention whose forward is fast_attention and whose backward is
+    flash_backward: it saves Q, K, V, the output C and the log-sum-exp (one
+    number per query), and no T_q x T_k tensor."""
+
+    @staticmethod
+    def forward(ctx, Q, K, V, causal, offset, B_r, B_c):
+        C, lse = fast_attention(
+            Q, K, V, causal, B_r, B_c, offset=offset, return_lse=True
+        )
+        ctx.save_for_backward(Q, K, V, C, lse)
+        ctx.settings = (causal, B_r, B_c, offset)
+        return C
+
+    @staticmethod
+    def backward(ctx, dC):
+        Q, K, V, C, lse = ctx.saved_tensors
+        dQ, dK, dV = flash_backward(Q, K, V, C, lse, dC, *ctx.settings)
+        return dQ, dK, dV, None, None, None, None  # none for the settings
+
+
+CAUSAL_MASKS = ("top-left", "bottom-right")  # besides False and True
+
+
+def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
+    """softmax(Q K^T / sqrt(d_k)) V, forward and backward in tiles.
+
+    Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v). causal: False;
+    True or "top-left", query i sees keys 0 .. i (SDPA's is_causal); or
+    "bottom-right", query i sees keys 0 .. i + T_k - T_q, the last query
+    every key (torch.nn.attention.bias.causal_lower_right; a prefill after
+    T_k - T_q cached tokens). B_r, B_c: the tiles (default FAST_TILE).
+    """
+    offset = check_causal(Q, K, causal)
+    return FlashAttention.apply(Q, K, V, bool(causal), offset, B_r, B_c)
+
+
+def check_causal(Q, K, causal):
+    """The offset of the causal diagonal; ValueError for an unknown mask or
+    a bottom-right mask under which the first queries would see no key."""
+    if not isinstance(causal, bool) and causal not in CAUSAL_MASKS:
+        raise ValueError(
+            f"causal must be False, True, 'top-left' or 'bottom-right', "
+            f"got {causal!r}"
+        )
+    if causal != "bottom-right":
+        return 0
+    T_q, T_k = Q.shape[-2], K.shape[-2]
+    if T_q > T_k:
+        raise ValueError(
+            f"a bottom-right causal mask needs T_q <= T_k, got T_q = {T_q} "
+            f"queries for T_k = {T_k} keys: the first would see no key"
+        )
+    return T_k - T_q
+
+
+def saved_bytes(fn, *args, **kwargs):
+    """Run fn(*args, **kwargs); the tensors autograd saves for its backward
+    (each once): (their bytes in all, their shapes)."""
+    saved = {}
+
+    def pack(t):
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        saved[(*key, tuple(t.shape), t.stride())] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args, **kwargs)
+    tensors = list(saved.values())
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    return total, [tuple(t.shape) for t in tensors]

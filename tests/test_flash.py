@@ -44,7 +44,7 @@ def count_fast_rows(monkeypatch):
     calls, fast_row = [], flash.fast_row
 
     def counting(*args):
-        calls.append(args[7])
+        calls.append(args[-2])  # lazy
         return fast_row(*args)
 
     monkeypatch.setattr(flash, "fast_row", counting)
@@ -254,3 +254,198 @@ def test_fast_rejects_bad_tensors():
         flash.fast_attention(q, k.float(), v)
     with pytest.raises(ValueError, match="torch tensors"):
         flash.fast_attention(q, k, v.numpy())
+
+
+# --- the log-sum-exp of the forward ---------------------------------------------
+
+
+def lse_of(q, k, causal=False, offset=0):
+    """log sum_j exp(e_ij) over the keys query i sees, from whole scores."""
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if causal:
+        T_q, T_k = scores.shape[-2:]
+        seen = torch.ones(T_q, T_k, dtype=torch.bool).tril(offset)
+        scores = scores.masked_fill(~seen, float("-inf"))
+    return scores.logsumexp(dim=-1)
+
+
+@pytest.mark.parametrize("levers", ALL_LEVERS)
+@pytest.mark.parametrize("causal, offset", [(False, 0), (True, 0), (True, 9)])
+def test_forward_returns_the_log_sum_exp(levers, causal, offset):
+    """With every setting of the changes (base-2 exponentials included), the
+    lse is log sum exp of the visible scores; C is what it was without it."""
+    q, k, v = qkv(31, 40, d=8, d_v=5)
+    args = (q, k, v, causal, 8, 16, levers_of(levers), offset)
+    C, lse = flash.fast_attention(*args, return_lse=True)
+    assert lse.shape == (2, 3, 31) and lse.dtype == q.dtype
+    assert_close(lse, lse_of(q, k, causal, offset), rtol=0, atol=1e-12)
+    assert torch.equal(C, flash.fast_attention(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_sum_exp_after_an_exact_recompute(dtype):
+    """Rows sent to the exact path (scores climbing to `top`) raise their
+    reference: the lse must follow it, not key 0's score."""
+    q, k, v = late_rising_scores(200, 60.0, dtype)
+    for causal in (False, True):
+        _, lse = flash.fast_attention(q, k, v, causal, 16, 16, return_lse=True)
+        assert_close(lse, lse_of(q, k, causal), rtol=0, atol=ATOL[dtype])
+
+
+# --- the tiled backward pass and the autograd function --------------------------
+
+# SDPA's masks: None, top-left (is_causal), bottom-right (causal_lower_right)
+MASKS = [False, "top-left", "bottom-right"]
+
+
+def sdpa(q, k, v, causal):
+    """F.scaled_dot_product_attention with the mask `causal` names."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    if causal == "bottom-right":
+        mask = causal_lower_right(q.shape[-2], k.shape[-2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+
+def gradients(fn, q, k, v, dC, causal):
+    """(output, dQ, dK, dV) of fn(q, k, v, causal) for the output gradient dC."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v, causal)
+    out.backward(dC)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+# (T_q, T_k, B_r, B_c): T_q != T_k both ways, lengths no multiple of the
+# tiles, one query, tiles larger than the sequence, and T_q == T_k
+GRADIENT_CASES = [
+    (37, 50, 16, 8), (50, 37, 7, 9), (13, 64, 5, 16), (1, 9, 4, 4),
+    (100, 100, 16, 32), (257, 300, 64, 128), (40, 45, 512, 512),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", MASKS)
+@pytest.mark.parametrize("T_q, T_k, B_r, B_c", GRADIENT_CASES)
+def test_gradients_equal_sdpa_float64(T_q, T_k, B_r, B_c, causal):
+    """Output and dQ, dK, dV within 1e-10 of SDPA's in float64 (keys that
+    no query sees get exactly 0, as SDPA's)."""
+    q, k, v = qkv(T_q, T_k, d=16, d_v=8, seed=T_q + T_k)
+    if causal == "bottom-right" and T_q > T_k:  # the first query: no key
+        with pytest.raises(ValueError, match="T_q <= T_k"):
+            flash.flash_attention(q, k, v, causal, B_r, B_c)
+        return
+    dC = torch.randn(2, 3, T_q, 8, dtype=torch.float64)
+
+    def ours(q, k, v, causal):
+        return flash.flash_attention(q, k, v, causal, B_r, B_c)
+
+    for got, expected in zip(
+        gradients(ours, q, k, v, dC, causal),
+        gradients(sdpa, q, k, v, dC, causal),
+    ):
+        assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", MASKS)
+def test_gradients_equal_sdpa_float32_default_tiles(causal):
+    """At the default tiles, 8 heads, d_k = 64, T = 700 and 1100 keys:
+    float32 rounding only."""
+    q, k, v = qkv(700, 1100, d=64, batch=(1, 8), dtype=torch.float32)
+    dC = torch.randn(1, 8, 700, 64)
+    ours = gradients(flash.flash_attention, q, k, v, dC, causal)
+    for got, expected in zip(ours, gradients(sdpa, q, k, v, dC, causal)):
+        assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "causal, T_q, T_k",
+    [(False, 5, 7), (True, 7, 5), ("top-left", 4, 9), ("bottom-right", 3, 8)],
+)
+def test_gradcheck_float64(causal, T_q, T_k):
+    """torch.autograd.gradcheck on small odd shapes, tiles of 2 x 3."""
+    q, k, v = (
+        t.requires_grad_() for t in qkv(T_q, T_k, d=3, d_v=5, batch=(2,))
+    )
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: flash.flash_attention(q, k, v, causal, 2, 3), (q, k, v)
+    )
+
+
+def test_backward_alone_equals_autograd_of_the_naive_program():
+    """flash_backward from a forward's C and lse, against autograd through
+    whole score matrices (no SDPA involved), top-left causal."""
+    q, k, v = qkv(29, 29, d=8, d_v=6)
+    dC = torch.randn(2, 3, 29, 6, dtype=torch.float64)
+    C, lse = flash.fast_attention(q, k, v, True, 4, 8, return_lse=True)
+    got = flash.flash_backward(q, k, v, C, lse, dC, True, 4, 8)
+    expected = gradients(naive, q, k, v, dC, True)[1:]
+    for name, a, b in zip("QKV", got, expected):
+        assert_close(a, b, rtol=0, atol=1e-12, msg=f"d{name}")
+
+
+def test_bottom_right_is_top_left_shifted():
+    """bottom-right: query i sees keys 0 .. i + T_k - T_q, so the last query
+    sees every key and the first T_k - T_q + 1 of them the first."""
+    q, k, v = qkv(4, 10, d=8)
+    got = flash.flash_attention(q, k, v, "bottom-right")
+    assert_close(
+        got[..., -1, :], naive(q, k, v)[..., -1, :], rtol=0, atol=1e-12
+    )
+    first = naive(q[..., :1, :], k[..., :7, :], v[..., :7, :])
+    assert_close(got[..., :1, :], first, rtol=0, atol=1e-12)
+
+
+# --- what the backward needs: the saved tensors ---------------------------------
+
+
+@pytest.mark.parametrize("causal", MASKS)
+def test_saved_for_backward_are_the_inputs_output_and_lse(causal):
+    """flash_attention saves Q, K, V, C and the log-sum-exp, nothing of size
+    T_q x T_k; the naive program saves its T_q x T_k weights."""
+    q, k, v = (t.requires_grad_() for t in qkv(30, 40, d=8, d_v=4))
+    total, shapes = flash.saved_bytes(flash.flash_attention, q, k, v, causal)
+    expected = [(2, 3, 30, 8), (2, 3, 40, 8), (2, 3, 40, 4), (2, 3, 30, 4)]
+    assert sorted(shapes) == sorted([*expected, (2, 3, 30)])
+    assert total == 8 * (2 * 3) * (30 * 8 + 40 * 8 + 40 * 4 + 30 * 4 + 30)
+    assert not any(shape[-2:] == (30, 40) for shape in shapes)
+    total_naive, shapes_naive = flash.saved_bytes(naive, q, k, v)
+    assert any(shape[-2:] == (30, 40) for shape in shapes_naive)
+    assert total_naive > total + 8 * 6 * 30 * 40
+
+
+# --- bad input -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, T_q, message",
+    [
+        ({"causal": "lower-right"}, 10, "causal must be False, True"),
+        ({"causal": 1}, 10, "causal must be False, True"),
+        ({"causal": "bottom-right"}, 12, "T_q <= T_k"),
+        ({"B_r": 0}, 10, "B_r must be a positive integer"),
+        ({"B_c": 2.5}, 10, "B_c must be a positive integer"),
+    ],
+)
+def test_flash_attention_rejects_bad_arguments(kwargs, T_q, message):
+    q, k, v = qkv(T_q, 10)
+    with pytest.raises(ValueError, match=message):
+        flash.flash_attention(q, k, v, **kwargs)
+
+
+def test_flash_attention_rejects_bad_tensors():
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        flash.flash_attention(q, k.clone().fill_(float("nan")), v)
+    with pytest.raises(ValueError, match="one dtype"):
+        flash.flash_attention(q, k.float(), v)
+    with pytest.raises(ValueError, match="torch tensors"):
+        flash.flash_attention(q, k, v.numpy())
+    with pytest.raises(ValueError, match="same size d_k"):
+        flash.flash_attention(q, k[..., :4], v)
+
+
+@pytest.mark.parametrize("offset", [-1, 1.5, True])
+def test_fast_attention_rejects_bad_offsets(offset):
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match="offset"):
+        flash.fast_attention(q, k, v, True, offset=offset)
