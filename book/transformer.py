@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flash import flash_attention
+
 
 def attend(Q, K, V, mask=None):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights)."""
@@ -239,10 +241,16 @@ class SelfAttention(nn.Module):
 
     G key/value heads (default H) serve groups of H / G query heads; with
     causal=True, query i sees keys j <= i, and with a window w, j > i - w.
+    backend "attend" (default) computes the weights and returns them;
+    "flash" attends in tiles (book/flash.py) and returns None for them.
     """
 
-    def __init__(self, d, H, G=None, causal=False, w=None):
+    def __init__(self, d, H, G=None, causal=False, w=None, backend="attend"):
         super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"backend must be one of {BACKENDS}, got {backend!r}"
+            )
         check_heads(d, H)
         G = H if G is None else G
         check_groups(H, G)
@@ -250,7 +258,7 @@ class SelfAttention(nn.Module):
         if w is not None and not causal:
             raise ValueError("a window w needs causal=True")
         self.H, self.G, self.d_k = H, G, d // H
-        self.causal, self.w = causal, w
+        self.causal, self.w, self.backend = causal, w, backend
         # W_QKV and b_QKV: d + 2 G d_k outputs, 3 d when G = H
         self.in_proj = nn.Linear(d, d + 2 * G * self.d_k)
         self.out_proj = nn.Linear(d, d)  # W_O and b_O
@@ -278,16 +286,45 @@ class SelfAttention(nn.Module):
                 raise ValueError("a cached call takes no mask")
             cache.check_layer(self.w, self.causal)  # it keeps what we need
             K, V, pos_k = cache.update(K, V)  # earlier tokens' keys, values
-        if self.causal or cache is not None:  # order, window, empty slots
-            allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
-            mask = allowed if mask is None else check_rows(mask & allowed)
         if self.G != self.H:  # each key/value head serves H / G query heads
             K = K.repeat_interleave(self.H // self.G, dim=1)
             V = V.repeat_interleave(self.H // self.G, dim=1)
+        if self.backend == "flash":  # in tiles, no weights (book/flash.py)
+            return self.attend_in_tiles(Q, K, V, mask, pos_q, pos_k), None
+        if self.causal or cache is not None:  # order, window, empty slots
+            allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
+            mask = allowed if mask is None else check_rows(mask & allowed)
         out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k)
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out), weights
+
+    def attend_in_tiles(self, Q, K, V, mask, pos_q, pos_k):
+        """The "flash" backend: flash_attention, which trains through tiles
+        of weights it never stores, for the masks it knows: none, or causal
+        over every key kept in order (no window, no empty slot)."""
+        if self.w is not None or mask is not None:
+            raise ValueError(
+                "the flash backend takes no mask and no window w: only "
+                "causal=True (use backend 'attend')"
+            )
+        T_k = pos_k.shape[-1]
+        in_order = pos_q.dim() == 1 and torch.equal(pos_k, torch.arange(T_k))
+        if not (in_order and torch.equal(pos_q, pos_k[T_k - len(pos_q) :])):
+            raise ValueError(
+                "the flash backend needs every earlier key, in order: a "
+                "KVCache without a window, positions shared by the rows"
+            )
+        # the last query sees every key: a cached prefill's queries come last
+        out = flash_attention(
+            Q, K, V, "bottom-right" if self.causal else False
+        )
+        B, H, T, d_k = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
+        return self.out_proj(out)
+
+
+BACKENDS = ("attend", "flash")  # SelfAttention's: weights, or tiles
 
 
 def frequencies(d, dtype=torch.float64):
@@ -363,6 +400,11 @@ class EncoderBlock(nn.Module):
     ):
         allowed = combine_masks(x, mask, padding_mask)  # (B, 1, T, T) or None
         attended, weights = self.self_attn(self.norm1(x), allowed, cache)
+        if return_weights and weights is None:  # the "flash" backend
+            raise ValueError(
+                "the flash backend computes no weights to return or explore: "
+                "set self_attn.backend = 'attend'"
+            )
         y = x + attended  # residual around the attention
         z = y + self.linear2(F.relu(self.linear1(self.norm2(y))))  # and FFN
         return (z, weights) if return_weights else z

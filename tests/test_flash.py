@@ -449,3 +449,99 @@ def test_fast_attention_rejects_bad_offsets(offset):
     q, k, v = qkv(10)
     with pytest.raises(ValueError, match="offset"):
         flash.fast_attention(q, k, v, True, offset=offset)
+
+
+# --- SelfAttention's "flash" backend (book/transformer.py) ----------------------
+
+
+def layers(kind, G, causal, seed=0):
+    """The same float64 layer twice: backend "attend", then "flash"."""
+    import copy
+
+    import transformer
+
+    torch.manual_seed(seed)
+    cls = getattr(transformer, kind)
+    plain = cls(32, 4, G, causal).double()
+    tiled = copy.deepcopy(plain)
+    tiled.backend = "flash"
+    return plain, tiled
+
+
+def run(layer, x, dout, cache=None):
+    """Output, and the gradients of x and of every parameter, for dout."""
+    x = x.detach().clone().requires_grad_()
+    layer.zero_grad()
+    out, weights = layer(x, cache=cache)
+    out.backward(dout)
+    grads = [x.grad] + [p.grad for p in layer.parameters()]
+    return out.detach(), weights, grads
+
+
+@pytest.mark.parametrize("kind", ["SelfAttention", "RotarySelfAttention"])
+@pytest.mark.parametrize("G", [None, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_backend_equals_the_default(kind, G, causal):
+    """Same outputs and gradients (input and parameters) as backend
+    "attend", grouped key/value heads included; no weights returned."""
+    plain, tiled = layers(kind, G, causal)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 13, 32, generator=gen, dtype=torch.float64)
+    dout = torch.randn(2, 13, 32, generator=gen, dtype=torch.float64)
+    out, weights, grads = run(plain, x, dout)
+    got, no_weights, got_grads = run(tiled, x, dout)
+    assert weights is not None and no_weights is None
+    assert_close(got, out, rtol=0, atol=1e-12)
+    for a, b in zip(got_grads, grads):
+        assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_backend_with_a_growing_cache(causal):
+    """A prefill of 6 tokens, then 5 more through the cache (T_q < T_k: the
+    bottom-right mask), then one: the default backend's outputs."""
+    from transformer import KVCache
+
+    plain, tiled = layers("RotarySelfAttention", 2, causal)
+    x = torch.randn(1, 12, 32, dtype=torch.float64)
+    caches = KVCache(), KVCache()
+    for start, end in ((0, 6), (6, 11), (11, 12)):
+        with torch.no_grad():
+            out, _ = plain(x[:, start:end], cache=caches[0])
+            got, weights = tiled(x[:, start:end], cache=caches[1])
+        assert weights is None
+        assert_close(got, out, rtol=0, atol=1e-12)
+
+
+def test_self_attention_backend_refuses_what_it_cannot_do():
+    import transformer
+
+    x = torch.randn(1, 5, 32)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        transformer.SelfAttention(32, 4, backend="tiles")
+    windowed = transformer.SelfAttention(32, 4, causal=True, w=3)
+    windowed.backend = "flash"
+    with pytest.raises(ValueError, match="no mask and no window"):
+        windowed(x)
+    layer = transformer.SelfAttention(32, 4, backend="flash")
+    with pytest.raises(ValueError, match="no mask and no window"):
+        layer(x, mask=torch.ones(5, 5, dtype=torch.bool))
+    block = transformer.EncoderBlock(32, 4, 64)
+    block.self_attn.backend = "flash"
+    assert block(x).shape == x.shape  # no weights asked for: fine
+    with pytest.raises(ValueError, match="computes no weights"):
+        block(x, return_weights=True)
+
+
+def test_self_attention_backend_refuses_per_row_positions():
+    """A cache whose rows have positions of their own (chapter 11's batched
+    decoding) needs a mask per row: refused."""
+    import transformer
+
+    class RowsCache(transformer.KVCache):
+        def next_positions(self, T):
+            return super().next_positions(T).expand(2, T)
+
+    layer = transformer.SelfAttention(32, 4, causal=True, backend="flash")
+    with pytest.raises(ValueError, match="every earlier key, in order"):
+        layer(torch.randn(2, 3, 32), cache=RowsCache())
