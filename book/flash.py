@@ -3,7 +3,18 @@
 Chapter 8 builds `fast_attention`, attention computed one tile of scores at
 a time with a lazy reference instead of a running maximum; it imports that
 code from here, with the tile schedule and the input checks it needs, and
-prints it.
+prints it. Training adds (issue 38):
+
+- the log-sum-exp of every query (`fast_attention(..., return_lse=True)`),
+  and a causal mask aligned bottom-right (`offset`, T_k - T_q);
+- `flash_backward`, the gradients of Q, K and V from Q, K, V, the output,
+  its gradient and the log-sum-exp, one recomputed tile of weights at a
+  time (FlashAttention, Dao et al. 2022, Algorithm 4; FlashAttention-2, Dao
+  2023, section 3.1.2 and Algorithm 2);
+- `FlashAttention`, the autograd function of the two, and
+  `flash_attention(Q, K, V, causal)`, what a model calls
+  (transformer.SelfAttention with backend "flash");
+- `saved_bytes`, what autograd keeps for a backward pass.
 """
 
 import itertools
