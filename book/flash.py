@@ -289,6 +289,7 @@ class FlashAttention(torch.autograd.Function):
         return C
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no gradient of gradients
     def backward(ctx, dC):
         Q, K, V, C, lse = ctx.saved_tensors
         dQ, dK, dV = flash_backward(Q, K, V, C, lse, dC, *ctx.settings)

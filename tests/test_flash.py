@@ -545,3 +545,13 @@ def test_self_attention_backend_refuses_per_row_positions():
     layer = transformer.SelfAttention(32, 4, causal=True, backend="flash")
     with pytest.raises(ValueError, match="every earlier key, in order"):
         layer(torch.randn(2, 3, 32), cache=RowsCache())
+
+
+def test_no_second_derivative():
+    """The backward is not itself differentiated: asking for a gradient of
+    the gradients is refused (once_differentiable), not silently wrong."""
+    q, k, v = (t.requires_grad_() for t in qkv(6, 6, d=4, batch=(1,)))
+    out = flash.flash_attention(q, k, v, True)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"twice|does not require grad"):
+        dq.sum().backward()
