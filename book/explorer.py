@@ -41,6 +41,12 @@ __all__ = [
 
 
 def _as_array(x, what):
+    parts = x if isinstance(x, list | tuple) else [x]
+    if any(a is None for a in parts):
+        raise ValueError(
+            f"{what} hold None: a layer that computes no weight matrix (the "
+            f"flash or sdpa backend, linear attention) has none to explore"
+        )
     if hasattr(x, "detach"):  # a torch tensor
         x = x.detach().cpu().numpy()
     try:

@@ -36,7 +36,9 @@ class GPT(nn.Module):
     `attention`, if given, builds each block's attention: `attention(i)`
     is layer i's module (chapter 12's variants, in variants.py), called
     as `(x, mask, cache) -> (outputs, weights or None)`, in place of the
-    rotary self-attention; its `new_cache()` gives its cache.
+    rotary self-attention; its `new_cache()` gives its cache. `backend`
+    is SelfAttention's: "flash" or "sdpa" trains without weight matrices
+    (chapter 13) and returns None for each layer's weights.
     """
 
     def __init__(
@@ -50,17 +52,20 @@ class GPT(nn.Module):
         w=None,
         context=1024,
         attention=None,
+        backend="attend",
     ):
         super().__init__()
-        if attention is not None and (G is not None or w is not None):
+        if attention is not None and (
+            G is not None or w is not None or backend != "attend"
+        ):
             raise ValueError(
-                "G and w set chapter 10's attention; with attention=..., "
-                "the variant's layers set their own"
+                "G, w and backend set chapter 10's attention; with "
+                "attention=..., the variant's layers set their own"
             )
         self.context, self.w = context, w
         self.embed = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(
-            DecoderBlock(d, H, d_ff, G, w) for _ in range(layers)
+            DecoderBlock(d, H, d_ff, G, w, backend) for _ in range(layers)
         )
         if attention is not None:  # a variant: attention(i) is layer i's
             for i, block in enumerate(self.blocks):
@@ -72,7 +77,8 @@ class GPT(nn.Module):
         """Next-token logits (B, T, vocab) of tokens (B, T); with
         return_weights, also every block's weights (B, layers, H, T, T_k),
         or a list of them with None for a layer that has no weights (a
-        variant without a weight matrix, such as linear attention)."""
+        variant without a weight matrix, such as linear attention, or the
+        "flash" and "sdpa" backends)."""
         seen = 0 if caches is None else caches[0].length
         if self.w is None and seen + tokens.shape[1] > self.context:
             raise ValueError(

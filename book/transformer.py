@@ -242,7 +242,9 @@ class SelfAttention(nn.Module):
     G key/value heads (default H) serve groups of H / G query heads; with
     causal=True, query i sees keys j <= i, and with a window w, j > i - w.
     backend "attend" (default) computes the weights and returns them;
-    "flash" attends in tiles (book/flash.py) and returns None for them.
+    "flash" attends in tiles (book/flash.py's flash_attention) and "sdpa"
+    through PyTorch's F.scaled_dot_product_attention: both return None
+    for the weights they never store.
     """
 
     def __init__(self, d, H, G=None, causal=False, w=None, backend="attend"):
@@ -289,8 +291,8 @@ class SelfAttention(nn.Module):
         if self.G != self.H:  # each key/value head serves H / G query heads
             K = K.repeat_interleave(self.H // self.G, dim=1)
             V = V.repeat_interleave(self.H // self.G, dim=1)
-        if self.backend == "flash":  # in tiles, no weights (book/flash.py)
-            return self.attend_in_tiles(Q, K, V, mask, pos_q, pos_k), None
+        if self.backend != "attend":  # no weights: flash or sdpa
+            return self.attend_fused(Q, K, V, mask, pos_q, pos_k), None
         if self.causal or cache is not None:  # order, window, empty slots
             allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
             mask = allowed if mask is None else check_rows(mask & allowed)
@@ -299,32 +301,38 @@ class SelfAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out), weights
 
-    def attend_in_tiles(self, Q, K, V, mask, pos_q, pos_k):
-        """The "flash" backend: flash_attention, which trains through tiles
-        of weights it never stores, for the masks it knows: none, or causal
-        over every key kept in order (no window, no empty slot)."""
+    def attend_fused(self, Q, K, V, mask, pos_q, pos_k):
+        """The "flash" and "sdpa" backends: flash_attention (tiles of
+        weights it never stores) or F.scaled_dot_product_attention, for the
+        masks both know: none, or causal over every key kept in order (no
+        window, no empty slot)."""
         if self.w is not None or mask is not None:
             raise ValueError(
-                "the flash backend takes no mask and no window w: only "
-                "causal=True (use backend 'attend')"
+                f"the {self.backend} backend takes no mask and no window w: "
+                f"only causal=True (use backend 'attend')"
             )
         T_k = pos_k.shape[-1]
         in_order = pos_q.dim() == 1 and torch.equal(pos_k, torch.arange(T_k))
         if not (in_order and torch.equal(pos_q, pos_k[T_k - len(pos_q) :])):
             raise ValueError(
-                "the flash backend needs every earlier key, in order: a "
-                "KVCache without a window, positions shared by the rows"
+                f"the {self.backend} backend needs every earlier key, in "
+                f"order: a KVCache without a window, positions shared by rows"
             )
         # the last query sees every key: a cached prefill's queries come last
-        out = flash_attention(
-            Q, K, V, "bottom-right" if self.causal else False
-        )
+        if self.backend == "flash":
+            out = flash_attention(Q, K, V, self.causal and "bottom-right")
+        else:
+            below = T_k - len(pos_q)  # the diagonal's offset (bottom-right)
+            allowed = torch.ones(len(pos_q), T_k, dtype=torch.bool).tril(below)
+            out = F.scaled_dot_product_attention(
+                Q, K, V, allowed if self.causal else None
+            )
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out)
 
 
-BACKENDS = ("attend", "flash")  # SelfAttention's: weights, or tiles
+BACKENDS = ("attend", "flash", "sdpa")  # SelfAttention's: weights or not
 
 
 def frequencies(d, dtype=torch.float64):
@@ -372,8 +380,8 @@ def check_rotary(x, positions):
 class RotarySelfAttention(SelfAttention):
     """Self-attention whose queries and keys are rotated by position (RoPE)."""
 
-    def __init__(self, d, H, G=None, causal=False, w=None):
-        super().__init__(d, H, G, causal, w)
+    def __init__(self, d, H, G=None, causal=False, w=None, backend="attend"):
+        super().__init__(d, H, G, causal, w, backend)
         if self.d_k % 2 != 0:
             raise ValueError(
                 f"rotary positions need an even head size, got d_k={self.d_k}"
@@ -387,11 +395,21 @@ class RotarySelfAttention(SelfAttention):
 class EncoderBlock(nn.Module):
     """Pre-norm Transformer encoder block, equation pos-block."""
 
-    def __init__(self, d, H, d_ff, rotary=False, G=None, causal=False, w=None):
+    def __init__(
+        self,
+        d,
+        H,
+        d_ff,
+        rotary=False,
+        G=None,
+        causal=False,
+        w=None,
+        backend="attend",
+    ):
         super().__init__()
         attention = RotarySelfAttention if rotary else SelfAttention
         self.norm1 = nn.LayerNorm(d)
-        self.self_attn = attention(d, H, G, causal, w)
+        self.self_attn = attention(d, H, G, causal, w, backend)
         self.norm2 = nn.LayerNorm(d)
         self.linear1, self.linear2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
 
@@ -400,11 +418,6 @@ class EncoderBlock(nn.Module):
     ):
         allowed = combine_masks(x, mask, padding_mask)  # (B, 1, T, T) or None
         attended, weights = self.self_attn(self.norm1(x), allowed, cache)
-        if return_weights and weights is None:  # the "flash" backend
-            raise ValueError(
-                "the flash backend computes no weights to return or explore: "
-                "set self_attn.backend = 'attend'"
-            )
         y = x + attended  # residual around the attention
         z = y + self.linear2(F.relu(self.linear1(self.norm2(y))))  # and FFN
         return (z, weights) if return_weights else z
@@ -413,8 +426,8 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(EncoderBlock):
     """The pre-norm block with causal (optionally windowed) rotary attention."""
 
-    def __init__(self, d, H, d_ff, G=None, w=None):
-        super().__init__(d, H, d_ff, rotary=True, G=G, causal=True, w=w)
+    def __init__(self, d, H, d_ff, G=None, w=None, backend="attend"):
+        super().__init__(d, H, d_ff, True, G, True, w, backend)
 
 
 def combine_masks(x, mask, padding_mask):

@@ -9,6 +9,8 @@ from conftest import BOOK  # noqa: F401  (puts book/ on sys.path)
 from torch.testing import assert_close
 
 import flash
+import gpt
+from explorer import attention_explorer
 
 ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -454,8 +456,8 @@ def test_fast_attention_rejects_bad_offsets(offset):
 # --- SelfAttention's "flash" backend (book/transformer.py) ----------------------
 
 
-def layers(kind, G, causal, seed=0):
-    """The same float64 layer twice: backend "attend", then "flash"."""
+def layers(kind, G, causal, seed=0, backend="flash"):
+    """The same float64 layer twice: backend "attend", then `backend`."""
     import copy
 
     import transformer
@@ -464,7 +466,7 @@ def layers(kind, G, causal, seed=0):
     cls = getattr(transformer, kind)
     plain = cls(32, 4, G, causal).double()
     tiled = copy.deepcopy(plain)
-    tiled.backend = "flash"
+    tiled.backend = backend
     return plain, tiled
 
 
@@ -478,13 +480,14 @@ def run(layer, x, dout, cache=None):
     return out.detach(), weights, grads
 
 
+@pytest.mark.parametrize("backend", ["flash", "sdpa"])
 @pytest.mark.parametrize("kind", ["SelfAttention", "RotarySelfAttention"])
 @pytest.mark.parametrize("G", [None, 2])
 @pytest.mark.parametrize("causal", [False, True])
-def test_self_attention_backend_equals_the_default(kind, G, causal):
+def test_self_attention_backend_equals_the_default(kind, G, causal, backend):
     """Same outputs and gradients (input and parameters) as backend
     "attend", grouped key/value heads included; no weights returned."""
-    plain, tiled = layers(kind, G, causal)
+    plain, tiled = layers(kind, G, causal, backend=backend)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 13, 32, generator=gen, dtype=torch.float64)
     dout = torch.randn(2, 13, 32, generator=gen, dtype=torch.float64)
@@ -496,13 +499,14 @@ def test_self_attention_backend_equals_the_default(kind, G, causal):
         assert_close(a, b, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("backend", ["flash", "sdpa"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_self_attention_backend_with_a_growing_cache(causal):
+def test_self_attention_backend_with_a_growing_cache(causal, backend):
     """A prefill of 6 tokens, then 5 more through the cache (T_q < T_k: the
     bottom-right mask), then one: the default backend's outputs."""
     from transformer import KVCache
 
-    plain, tiled = layers("RotarySelfAttention", 2, causal)
+    plain, tiled = layers("RotarySelfAttention", 2, causal, backend=backend)
     x = torch.randn(1, 12, 32, dtype=torch.float64)
     caches = KVCache(), KVCache()
     for start, end in ((0, 6), (6, 11), (11, 12)):
@@ -526,11 +530,43 @@ def test_self_attention_backend_refuses_what_it_cannot_do():
     layer = transformer.SelfAttention(32, 4, backend="flash")
     with pytest.raises(ValueError, match="no mask and no window"):
         layer(x, mask=torch.ones(5, 5, dtype=torch.bool))
-    block = transformer.EncoderBlock(32, 4, 64)
-    block.self_attn.backend = "flash"
-    assert block(x).shape == x.shape  # no weights asked for: fine
-    with pytest.raises(ValueError, match="computes no weights"):
-        block(x, return_weights=True)
+    block = transformer.EncoderBlock(32, 4, 64, backend="sdpa")
+    assert block(x).shape == x.shape
+    assert block(x, return_weights=True)[1] is None  # none computed
+    with pytest.raises(ValueError, match="G, w and backend"):
+        gpt.GPT(10, attention=lambda i: None, backend="flash")
+
+
+@pytest.mark.parametrize("backend", ["flash", "sdpa"])
+def test_gpt_backend_equals_the_default(backend):
+    """Chapter 10's GPT, float64: logits and every parameter's gradient as
+    with backend "attend"; then 4 tokens generated through KVCaches."""
+    import copy
+
+    torch.manual_seed(0)
+    plain = gpt.GPT(11, d=16, H=2, layers=2, d_ff=32).double()
+    fused = gpt.GPT(11, d=16, H=2, layers=2, d_ff=32, backend=backend)
+    fused.load_state_dict(copy.deepcopy(plain.state_dict()))
+    fused.double()
+    tokens = torch.randint(0, 11, (3, 19), generator=torch.Generator())
+    logits = []
+    for model in (plain, fused):
+        out = model(tokens)
+        out.square().mean().backward()
+        logits.append(out.detach())
+    assert_close(logits[1], logits[0], rtol=0, atol=1e-12)
+    for a, b in zip(fused.parameters(), plain.parameters()):
+        assert_close(a.grad, b.grad, rtol=0, atol=1e-10)
+    weights = fused(tokens, return_weights=True)[1]
+    assert weights == [None, None]
+    with pytest.raises(ValueError, match="computes no weight matrix"):
+        attention_explorer([weights], ["t"] * 19)
+    with torch.no_grad():
+        (text, steps), (got, got_steps) = (
+            gpt.greedy(m, tokens[0, :5], 4) for m in (plain, fused)
+        )
+    assert torch.equal(got, text)
+    assert_close(got_steps, steps, rtol=0, atol=1e-12)
 
 
 def test_self_attention_backend_refuses_per_row_positions():
