@@ -135,7 +135,9 @@ outputs: $(STAMP)
 # (tools/bench_token_cost.py, seconds, one run), its static cache, decode
 # levers and batching (tools/bench_static.py) and speculative decoding
 # (tools/bench_speculative.py); chapter 12's greedy decoding speed of each
-# attention variant with its own cache (tools/bench_variants.py).
+# attention variant with its own cache (tools/bench_variants.py); chapter
+# 13's tiled forward and backward against SDPA, its ablation and 200 steps
+# of training through each (tools/bench_flash.py).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
@@ -146,6 +148,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_static.py
 	$(BIN)/python tools/bench_speculative.py
 	$(BIN)/python tools/bench_variants.py
+	$(BIN)/python tools/bench_flash.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt

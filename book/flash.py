@@ -211,8 +211,9 @@ def check_fast(Q, K, V, levers, offset=0):
 
 
 def flash_backward(
-    Q, K, V, C, lse, dC, causal=False, B_r=None, B_c=None, offset=0
-):
+    Q, K, V, C, lse, dC, causal=False, B_r=None, B_c=None, offset=0,
+    inside=True,
+):  # fmt: skip
     """dQ, dK, dV of attention, one tile of weights at a time.
 
     From the forward's output C (..., T_q, d_v) and log-sum-exp lse
@@ -220,6 +221,8 @@ def flash_backward(
     recomputed, alpha_ij = exp(e_ij - lse_i), never stored. Key blocks form
     the outer loop, as in FlashAttention-2's Algorithm 2, so each block's
     dK_j and dV_j are summed in one buffer; dQ gathers every key block's part.
+    inside=False subtracts lse_i and D_i from each tile (chapter 13's
+    ablation) instead of folding them into the products as extra columns.
     """
     tile = FAST_TILE["causal" if causal else "no mask"]  # unless given
     B_r = tile[0] if B_r is None else B_r
@@ -241,6 +244,7 @@ def flash_backward(
     dC_aug[..., d_v] = -(dC3 * C.reshape(-1, T_q, d_v)).sum(dim=-1)
     Vt_aug = torch.ones(BH, d_v + 1, T_k, dtype=dtype)
     Vt_aug[:, :d_v] = V.reshape(-1, T_k, d_v).transpose(1, 2)
+    Kt3, Vt3 = Kt_aug[:, :d_k], Vt_aug[:, :d_v]  # without the ones
     dQ = torch.zeros(BH, T_q, d_k, dtype=dtype)
     dK = torch.zeros(BH, T_k, d_k, dtype=dtype)  # keys no query sees: 0
     dV = torch.zeros(BH, T_k, d_v, dtype=dtype)
@@ -251,7 +255,11 @@ def flash_backward(
         dK_j, dV_j = dK[:, j0:j1], dV[:, j0:j1]  # (BH, j1 - j0, d)
         for i0, i1, _, _, needs_mask in column:
             A = A_buf[:, : i1 - i0, : j1 - j0]
-            torch.bmm(Q_aug[:, i0:i1], Kt_aug[:, :, j0:j1], out=A)
+            if inside:  # [q_i / sqrt(d_k), -lse_i] . [k_j, 1]
+                torch.bmm(Q_aug[:, i0:i1], Kt_aug[:, :, j0:j1], out=A)
+            else:
+                torch.bmm(Q_aug[:, i0:i1, :d_k], Kt3[:, :, j0:j1], out=A)
+                A.add_(Q_aug[:, i0:i1, d_k:])
             keep = None
             if needs_mask:  # future keys: exp(0) = 1, then weight 0
                 keep = torch.ones(i1 - i0, j1 - j0, dtype=dtype)
@@ -262,7 +270,11 @@ def flash_backward(
                 A.mul_(keep)
             dV_j.baddbmm_(A.transpose(1, 2), dC3[:, i0:i1])  # A^T dC
             dE = dE_buf[:, : i1 - i0, : j1 - j0]
-            torch.bmm(dC_aug[:, i0:i1], Vt_aug[:, :, j0:j1], out=dE)
+            if inside:  # [dc_i, -D_i] . [v_j, 1]
+                torch.bmm(dC_aug[:, i0:i1], Vt_aug[:, :, j0:j1], out=dE)
+            else:
+                torch.bmm(dC3[:, i0:i1], Vt3[:, :, j0:j1], out=dE)
+                dE.add_(dC_aug[:, i0:i1, d_v:])
             dE.mul_(A)  # dE_ij = alpha_ij (dA_ij - D_i)
             dQ[:, i0:i1].baddbmm_(dE, K3[:, j0:j1])  # dE K, scaled below
             dK_j.baddbmm_(dE.transpose(1, 2), Q_aug[:, i0:i1, :d_k])

@@ -373,13 +373,15 @@ def test_gradcheck_float64(causal, T_q, T_k):
     )
 
 
-def test_backward_alone_equals_autograd_of_the_naive_program():
+@pytest.mark.parametrize("inside", [True, False])
+def test_backward_alone_equals_autograd_of_the_naive_program(inside):
     """flash_backward from a forward's C and lse, against autograd through
-    whole score matrices (no SDPA involved), top-left causal."""
+    whole score matrices (no SDPA involved), top-left causal; with lse_i and
+    D_i folded into the products (inside) or subtracted from each tile."""
     q, k, v = qkv(29, 29, d=8, d_v=6)
     dC = torch.randn(2, 3, 29, 6, dtype=torch.float64)
     C, lse = flash.fast_attention(q, k, v, True, 4, 8, return_lse=True)
-    got = flash.flash_backward(q, k, v, C, lse, dC, True, 4, 8)
+    got = flash.flash_backward(q, k, v, C, lse, dC, True, 4, 8, 0, inside)
     expected = gradients(naive, q, k, v, dC, True)[1:]
     for name, a, b in zip("QKV", got, expected):
         assert_close(a, b, rtol=0, atol=1e-12, msg=f"d{name}")
