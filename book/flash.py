@@ -92,8 +92,24 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
     return tiles
 
 
-# the tiles (B_r, B_c); the measured sweep is below
-FAST_TILE = {"no mask": [512, 256], "causal": [256, 256]}
+def choose_tile(medians, within=0.01):
+    """The tile [B_r, B_c] chosen from a sweep: medians maps (B_r, B_c) to
+    the median ratio SDPA time / our time. The pairs of the best tiles
+    overlap, so no single best is trusted: of the tiles within `within` of
+    the best median, the one with the smallest buffer B_r B_c (on a tie in
+    size, the higher median)."""
+    if not medians:
+        raise ValueError("the sweep holds no tile")
+    if not all(math.isfinite(r) and r > 0 for r in medians.values()):
+        raise ValueError("every median ratio must be a positive number")
+    best = max(medians.values())
+    near = [tile for tile, r in medians.items() if r >= best - within]
+    B_r, B_c = min(near, key=lambda t: (t[0] * t[1], -medians[t]))
+    return [B_r, B_c]
+
+
+# the tiles (B_r, B_c), as choose_tile picks them from chapter 8's sweep
+FAST_TILE = {"no mask": [512, 512], "causal": [256, 256]}
 MARGIN = 20  # row sums of exp(e_ij - r_i) up to 2 ** 20 are accepted
 # each change on or off, as it measured on the machine of the benchmark
 LEVERS = {"base2": False, "inside": True, "ones": False, "lazy": True}

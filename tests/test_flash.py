@@ -593,3 +593,18 @@ def test_no_second_derivative():
     (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match=r"twice|does not require grad"):
         dq.sum().backward()
+
+
+def test_choose_tile_takes_the_smallest_buffer_near_the_best():
+    """The rule: within 0.01 of the best median, the smallest B_r B_c."""
+    sweep = {(512, 512): 0.923, (512, 1024): 0.911, (512, 256): 0.915,
+             (256, 256): 0.905, (64, 2048): 0.90}  # fmt: skip
+    assert flash.choose_tile(sweep) == [512, 256]  # 0.915 >= 0.913
+    assert flash.choose_tile(sweep, within=0.005) == [512, 512]
+    assert flash.choose_tile(sweep, within=0.02) == [256, 256]
+    tie = {(256, 512): 0.80, (512, 256): 0.81}
+    assert flash.choose_tile(tie) == [512, 256]  # same size: higher median
+    with pytest.raises(ValueError, match="no tile"):
+        flash.choose_tile({})
+    with pytest.raises(ValueError, match="positive number"):
+        flash.choose_tile({(64, 64): float("nan")})
