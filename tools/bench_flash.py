@@ -14,6 +14,10 @@ d_k = 64, T = 4096:
 - ablation: forward plus backward, one thread, without a mask, ABLATION_PAIRS
   pairs: the backward with lse_i and D_i subtracted from each tile (inside
   off), and the tile sizes of TILES -> book/data/bench_flash_ablation.csv.
+- profile: one thread, without a mask, PROFILE_CALLS calls of each: the
+  CPU time of each PyTorch operation in our forward and in our forward
+  plus backward (torch.profiler), and SDPA's total for the same calls
+  -> book/data/bench_flash_profile.csv.
 - train: chapter 10's GPT (its MODEL, data and `gpt.train`), STEPS steps
   from seed 0, with backend "flash" and with backend "sdpa", in float64 and
   in float32 -> the per-step losses in book/data/flash_train.csv.
@@ -21,7 +25,7 @@ d_k = 64, T = 4096:
 One thread is timed with the thread's CPU time (the machine may be shared),
 two threads with the wall clock. Fresh times are never asserted; the
 chapter reads the CSVs.
-Usage: python tools/bench_flash.py [--parts speed ablation train]
+Usage: python tools/bench_flash.py [--parts speed ablation profile train]
 """
 
 import argparse
@@ -212,7 +216,52 @@ def train():
     frame.to_csv(TRAIN_CSV, index=False, float_format="%.17g")
 
 
-PARTS = {"speed": speed, "ablation": ablation, "train": train}
+PROFILE_CALLS = 5
+PROFILE_CSV = BOOK / "data" / "bench_flash_profile.csv"
+
+
+def profile():
+    """bench_flash_profile.csv: where the time of each pass goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    torch.set_num_threads(1)
+    rows = []
+    programs = {
+        "forward": (forward_call, flash.fast_attention),
+        "forward+backward": (training_call, flash.flash_attention),
+    }
+    for kind, (make, ours) in programs.items():
+        for name, call in (
+            ("ours", make(ours, False)),
+            ("SDPA", make(sdpa, False)),
+        ):
+            call()  # warm-up
+            with profiler(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(PROFILE_CALLS):
+                    call()
+            for event in prof.key_averages():
+                rows.append({
+                    "passes": kind, "program": name, "operation": event.key,
+                    "self_cpu_ms_per_call":
+                        event.self_cpu_time_total / 1e3 / PROFILE_CALLS,
+                    "calls_per_call": event.count / PROFILE_CALLS,
+                } | machine())  # fmt: skip
+    frame = pd.DataFrame(rows)
+    frame = frame[
+        frame.self_cpu_ms_per_call >= 0.5
+    ]  # the operations that count
+    frame.sort_values(["passes", "program", "self_cpu_ms_per_call"],
+                      ascending=[True, True, False]).to_csv(
+        PROFILE_CSV, index=False, float_format="%.6g")  # fmt: skip
+
+
+PARTS = {
+    "speed": speed,
+    "ablation": ablation,
+    "profile": profile,
+    "train": train,
+}
 
 
 def main():

@@ -1,0 +1,60 @@
+"""Chapter 13's own code (book/13_tiled_backward.ipynb): `dense_backward`,
+the four equations with whole matrices, against autograd on shapes the
+chapter never prints; `naive` against SDPA; `draw_order`'s numbering of a
+schedule against the schedule itself."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+import torch.nn.functional as F
+from chapter_loader import load_chapter
+from torch.testing import assert_close
+
+import flash
+
+ch13 = load_chapter("13_tiled_backward.ipynb")
+
+
+@pytest.mark.parametrize(
+    "T_q, T_k, d_k, d_v", [(1, 1, 2, 1), (11, 4, 6, 9), (16, 33, 8, 8)]
+)
+def test_dense_backward_equals_autograd(T_q, T_k, d_k, d_v):
+    gen = torch.Generator().manual_seed(T_q + T_k)
+    f64 = torch.float64
+    Q = torch.randn(3, T_q, d_k, generator=gen, dtype=f64, requires_grad=True)
+    K = torch.randn(3, T_k, d_k, generator=gen, dtype=f64, requires_grad=True)
+    V = torch.randn(3, T_k, d_v, generator=gen, dtype=f64, requires_grad=True)
+    dC = torch.randn(3, T_q, d_v, generator=gen, dtype=f64)
+    C = F.scaled_dot_product_attention(Q, K, V)
+    expected = torch.autograd.grad(C, (Q, K, V), dC)
+    got = ch13.dense_backward(Q.detach(), K.detach(), V.detach(), dC)
+    for name, a, b in zip("QKV", got, expected):
+        assert_close(a, b, rtol=0, atol=1e-12, msg=f"d{name}")
+
+
+def test_naive_equals_sdpa():
+    q, k, v = (torch.randn(2, 5, T, 6, dtype=torch.float64) for T in (7, 3, 3))
+    expected = F.scaled_dot_product_attention(q, k, v)
+    assert_close(ch13.naive(q, k, v), expected, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("by_keys", [False, True])
+def test_draw_order_numbers_each_tile_where_it_lies(by_keys):
+    """Tile number n is written at the n-th tile's (key block, query block),
+    and only the tiles of the schedule are coloured."""
+    tiles = flash.tile_schedule(4 * 8, 4 * 8, 8, 8, causal=True)
+    if by_keys:
+        tiles = sorted(tiles, key=lambda t: (t[2], t[0]))
+    fig, ax = plt.subplots()
+    ch13.draw_order(ax, tiles, "t")
+    where = {int(t.get_text()): t.get_position() for t in ax.texts}
+    assert sorted(where) == list(range(1, len(tiles) + 1))
+    for n, (i0, _, j0, _, _) in enumerate(tiles, start=1):
+        assert where[n] == (j0 // 8, i0 // 8)
+    grid = ax.images[0].get_array()
+    assert int((~grid.mask).sum()) == len(tiles) == 10
+    plt.close(fig)
