@@ -109,10 +109,10 @@ def choose_tile(medians, within=0.01):
 
 
 # the tiles (B_r, B_c), as choose_tile picks them from chapter 8's sweep
-FAST_TILE = {"no mask": [512, 512], "causal": [256, 256]}
+FAST_TILE = {"no mask": [512, 256], "causal": [256, 256]}
 MARGIN = 20  # row sums of exp(e_ij - r_i) up to 2 ** 20 are accepted
 # each change on or off, as it measured on the machine of the benchmark
-LEVERS = {"base2": False, "inside": True, "ones": False, "lazy": True}
+LEVERS = {"base2": True, "inside": True, "ones": False, "lazy": True}
 
 
 def augment(Q, K, V, base2=True, ones=True):
@@ -228,7 +228,7 @@ def check_fast(Q, K, V, levers, offset=0):
 
 def flash_backward(
     Q, K, V, C, lse, dC, causal=False, B_r=None, B_c=None, offset=0,
-    inside=True,
+    inside=True, base2=True,
 ):  # fmt: skip
     """dQ, dK, dV of attention, one tile of weights at a time.
 
@@ -237,8 +237,9 @@ def flash_backward(
     recomputed, alpha_ij = exp(e_ij - lse_i), never stored. Key blocks form
     the outer loop, as in FlashAttention-2's Algorithm 2, so each block's
     dK_j and dV_j are summed in one buffer; dQ gathers every key block's part.
-    inside=False subtracts lse_i and D_i from each tile (chapter 13's
-    ablation) instead of folding them into the products as extra columns.
+    inside=False subtracts lse_i and Delta_i from each tile (chapter 13's
+    ablation) instead of folding them into the products as extra columns;
+    base2 computes each weight as 2 ** (c (e_ij - lse_i)), c = log2(e).
     """
     tile = FAST_TILE["causal" if causal else "no mask"]  # unless given
     B_r = tile[0] if B_r is None else B_r
@@ -247,14 +248,15 @@ def flash_backward(
     (T_q, d_k), (T_k, d_v), dtype = Q.shape[-2:], V.shape[-2:], Q.dtype
     dC3 = dC.reshape(-1, T_q, d_v)  # (BH, T_q, d_v)
     BH = dC3.shape[0]
-    # [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = e_ij - lse_i, in one product
+    # c [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = c (e_ij - lse_i), one product
+    c = math.log2(math.e) if base2 else 1.0  # 2 ** (c x) == exp(x)
     Q_aug = torch.empty(BH, T_q, d_k + 1, dtype=dtype)
-    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * d_k**-0.5
-    Q_aug[..., d_k] = -lse.reshape(-1, T_q)
+    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * (c * d_k**-0.5)
+    Q_aug[..., d_k] = -c * lse.reshape(-1, T_q)
     Kt_aug = torch.ones(BH, d_k + 1, T_k, dtype=dtype)
     Kt_aug[:, :d_k] = K.reshape(-1, T_k, d_k).transpose(1, 2)
     K3 = K.reshape(-1, T_k, d_k)  # (BH, T_k, d_k)
-    # [dc_i, -D_i] . [v_j, 1] = dA_ij - D_i, with D_i = dc_i . c_i
+    # [dc_i, -Delta_i] . [v_j, 1] = dA_ij - Delta_i, Delta_i = dc_i . c_i
     dC_aug = torch.empty(BH, T_q, d_v + 1, dtype=dtype)
     dC_aug[..., :d_v] = dC3
     dC_aug[..., d_v] = -(dC3 * C.reshape(-1, T_q, d_v)).sum(dim=-1)
@@ -281,20 +283,21 @@ def flash_backward(
                 keep = torch.ones(i1 - i0, j1 - j0, dtype=dtype)
                 keep.tril_(i0 - j0 + offset)
                 A.mul_(keep)
-            A.exp_()  # the tile's weights alpha_ij, recomputed
+            A = A.exp2_() if base2 else A.exp_()  # the weights, recomputed
             if keep is not None:
                 A.mul_(keep)
             dV_j.baddbmm_(A.transpose(1, 2), dC3[:, i0:i1])  # A^T dC
             dE = dE_buf[:, : i1 - i0, : j1 - j0]
-            if inside:  # [dc_i, -D_i] . [v_j, 1]
+            if inside:  # [dc_i, -Delta_i] . [v_j, 1]
                 torch.bmm(dC_aug[:, i0:i1], Vt_aug[:, :, j0:j1], out=dE)
             else:
                 torch.bmm(dC3[:, i0:i1], Vt3[:, :, j0:j1], out=dE)
                 dE.add_(dC_aug[:, i0:i1, d_v:])
-            dE.mul_(A)  # dE_ij = alpha_ij (dA_ij - D_i)
+            dE.mul_(A)  # dE_ij = alpha_ij (dA_ij - Delta_i)
             dQ[:, i0:i1].baddbmm_(dE, K3[:, j0:j1])  # dE K, scaled below
             dK_j.baddbmm_(dE.transpose(1, 2), Q_aug[:, i0:i1, :d_k])
-    dQ.mul_(d_k**-0.5)  # dQ = dE K / sqrt(d_k); dK took it from Q_aug
+    dQ.mul_(d_k**-0.5)  # dQ = dE K / sqrt(d_k)
+    dK.mul_(1 / c)  # dK = dE^T Q / sqrt(d_k): Q_aug's columns hold c times it
     return (
         dQ.reshape(Q.shape),
         dK.reshape(*K.shape[:-1], d_k),
@@ -360,17 +363,16 @@ def check_causal(Q, K, causal):
 
 
 def saved_bytes(fn, *args, **kwargs):
-    """Run fn(*args, **kwargs); the tensors autograd saves for its backward
-    (each once): (their bytes in all, their shapes)."""
+    """Run fn(*args, **kwargs); the memory autograd keeps for its backward:
+    (the bytes of every storage it saves, each storage once, however many
+    views of it are saved; the shape of the first tensor saved from each)."""
     saved = {}
 
     def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        saved[(*key, tuple(t.shape), t.stride())] = t
+        saved.setdefault(t.untyped_storage().data_ptr(), t)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*args, **kwargs)
-    tensors = list(saved.values())
-    total = sum(t.numel() * t.element_size() for t in tensors)
-    return total, [tuple(t.shape) for t in tensors]
+    total = sum(t.untyped_storage().nbytes() for t in saved.values())
+    return total, [tuple(t.shape) for t in saved.values()]

@@ -373,15 +373,18 @@ def test_gradcheck_float64(causal, T_q, T_k):
     )
 
 
+@pytest.mark.parametrize("base2", [True, False])
 @pytest.mark.parametrize("inside", [True, False])
-def test_backward_alone_equals_autograd_of_the_naive_program(inside):
+def test_backward_alone_equals_autograd_of_the_naive_program(inside, base2):
     """flash_backward from a forward's C and lse, against autograd through
     whole score matrices (no SDPA involved), top-left causal; with lse_i and
     D_i folded into the products (inside) or subtracted from each tile."""
     q, k, v = qkv(29, 29, d=8, d_v=6)
     dC = torch.randn(2, 3, 29, 6, dtype=torch.float64)
     C, lse = flash.fast_attention(q, k, v, True, 4, 8, return_lse=True)
-    got = flash.flash_backward(q, k, v, C, lse, dC, True, 4, 8, 0, inside)
+    got = flash.flash_backward(
+        q, k, v, C, lse, dC, True, 4, 8, 0, inside, base2
+    )
     expected = gradients(naive, q, k, v, dC, True)[1:]
     for name, a, b in zip("QKV", got, expected):
         assert_close(a, b, rtol=0, atol=1e-12, msg=f"d{name}")
@@ -414,7 +417,21 @@ def test_saved_for_backward_are_the_inputs_output_and_lse(causal):
     assert not any(shape[-2:] == (30, 40) for shape in shapes)
     total_naive, shapes_naive = flash.saved_bytes(naive, q, k, v)
     assert any(shape[-2:] == (30, 40) for shape in shapes_naive)
-    assert total_naive > total + 8 * 6 * 30 * 40
+    assert total_naive == 8 * 6 * (30 * 40 + 30 * 8 + 40 * 8 + 40 * 4)
+
+
+def test_saved_bytes_counts_a_storage_once():
+    """Two views of one tensor, saved by two operations, are one storage."""
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+
+    def f(x, y):
+        w = x.exp()  # saves its result, w
+        return (w @ y.T).sum() + w.view(5, 6).sin().sum()  # w, y, w.view
+
+    total, shapes = flash.saved_bytes(f, x, y)
+    assert total == 8 * 2 * 30  # w and y
+    assert len(shapes) == 2
 
 
 # --- bad input -------------------------------------------------------------------

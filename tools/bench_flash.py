@@ -1,8 +1,8 @@
 """Chapter 13's measurements (`make bench`): speed and training of
 book/flash.py's tiled attention against PyTorch's fused kernel.
 
-Three parts (--parts), float32 unless said, one sequence, H = 8 heads,
-d_k = 64, T = 4096:
+Four parts (--parts); the first three in float32, one sequence, H = 8
+heads, d_k = 64, T = 4096:
 - speed: the forward (`fast_attention` against
   `F.scaled_dot_product_attention`, SDPA) and the forward plus backward
   (`flash_attention` and SDPA, each followed by `.backward`), without and
@@ -13,7 +13,8 @@ d_k = 64, T = 4096:
   target is checked on two separate runs.
 - ablation: forward plus backward, one thread, without a mask, ABLATION_PAIRS
   pairs: the backward with lse_i and D_i subtracted from each tile (inside
-  off), and the tile sizes of TILES -> book/data/bench_flash_ablation.csv.
+  off), both passes with exp in place of exp2 (base-2 off), and the tile
+  sizes of TILES for both -> book/data/bench_flash_ablation.csv.
 - profile: one thread, without a mask, PROFILE_CALLS calls of each: the
   CPU time of each PyTorch operation in our forward and in our forward
   plus backward (torch.profiler), and SDPA's total for the same calls
@@ -163,7 +164,11 @@ def speed():
 def ablation():
     """bench_flash_ablation.csv: what each change of the backward buys."""
     torch.set_num_threads(1)
-    variants = {"all on": {}, "inside off": {"inside": False}}
+    variants = {
+        "all on": {},
+        "inside off": {"inside": False},
+        "base-2 off": {"base2": False},
+    }
     variants |= {f"{a} x {b}": {"B_r": a, "B_c": b} for a, b in TILES}
     rows = []
     for name, settings in variants.items():
@@ -186,7 +191,10 @@ class Ablated(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, causal, settings):
         tile = {k: settings[k] for k in ("B_r", "B_c") if k in settings}
-        C, lse = flash.fast_attention(Q, K, V, causal, **tile, return_lse=True)
+        levers = {"base2": settings.get("base2", flash.LEVERS["base2"])}
+        C, lse = flash.fast_attention(
+            Q, K, V, causal, **tile, levers=levers, return_lse=True
+        )
         ctx.save_for_backward(Q, K, V, C, lse)
         ctx.causal, ctx.settings = causal, settings
         return C
