@@ -465,7 +465,7 @@ def test_value_errors():
             (src[:, :0], torch.zeros(2, dtype=torch.long), tgt_in),
         ),
         ("empty source", (src, torch.tensor([4, 0]), tgt_in)),
-        ("mismatched batch sizes", (src, lengths, tgt_in[:1])),
+        ("batch sizes: src has 2 rows, tgt_in 1", (src, lengths, tgt_in[:1])),
         ("mismatched batch sizes", (src, lengths[:1], tgt_in)),
     ]
     for message, args in cases:
@@ -487,12 +487,16 @@ def test_value_errors():
         Seq2Seq(VOCAB, positions="relative")
     block = CrossDecoderBlock(16, 4, 24).double()
     x, memory = random(2, 3, 16), random(3, 5, 16)
-    with pytest.raises(ValueError, match="mismatched batch sizes"):
-        block(x, memory)
+    for rows in ((x, memory), (random(4, 3, 16), memory)):  # 2, 4 for 3
+        with pytest.raises(ValueError, match="mismatched batch sizes"):
+            block(*rows)
     with pytest.raises(ValueError, match="empty source"):
         block(x, memory[:2, :0])
     with pytest.raises(ValueError, match="empty source"):
         block(x, memory[:2], torch.zeros(2, 5, dtype=torch.bool))
+    one_empty = torch.tensor([[True] * 5, [False] * 5])
+    with pytest.raises(ValueError, match="empty source"):
+        block(x, memory[:2], one_empty)
     with pytest.raises(ValueError, match="target mask"):
         block(x, memory[:2], tgt_mask=causal(4))
 
