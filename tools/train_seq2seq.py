@@ -31,6 +31,11 @@ Stores in book/data/:
   for it), `errors` (strings not exactly right), `first_error_mean` and
   `first_error_min` (over those strings, the first output position, from 1,
   whose token is wrong; the end token is position n + 1);
+- seq2seq_failure_maps.csv: for each model, the cross-attention map of the
+  first string it gets wrong at the shortest length from 11 on where it gets
+  one wrong (`failing_map`): one row per decoder layer, output step and
+  source position, with the weight (averaged over heads) and the target,
+  predicted and source tokens;
 - seq2seq_models.json: how to rebuild each model (class, arguments, weights
   file), the recipe, the data and the seeds.
 
@@ -64,6 +69,7 @@ LOG, TABLE, SPEC = (
     "seq2seq_lengths.csv",
     "seq2seq_models.json",
 )
+MAPS = "seq2seq_failure_maps.csv"
 
 
 def setup():
@@ -130,6 +136,42 @@ def by_length(ch, model, data, n, transformer):
         else None,
         "first_error_min": errors.min().item() if len(errors) else None,
     }
+
+
+@torch.no_grad()
+def failing_map(ch, model, long_data, transformer):
+    """The cross-attention map of the first string the model gets wrong at
+    the shortest length past training where it gets one wrong: one row per
+    layer, output step and source position (weights averaged over heads;
+    the GRU's one map is layer 1), with the target and predicted tokens."""
+    for n, (src, lengths, tgt) in long_data.items():
+        steps = tgt.shape[1]
+        if transformer:
+            pred, _, cross, _ = seq2seq.greedy(model, src, lengths, steps)
+            maps = cross.mean(dim=2)  # (B, layers, steps, n)
+        else:
+            pred, weights = model.greedy_decode(src, lengths, steps)
+            maps = weights[:, None]  # (B, 1, steps, n)
+        wrong = (~ch.exact_match(pred, tgt)).nonzero()
+        if len(wrong):
+            k = int(wrong[0])
+            return [
+                {
+                    "length": n,
+                    "string": k,
+                    "layer": layer + 1,
+                    "step": t + 1,
+                    "position": j + 1,
+                    "weight": maps[k, layer, t, j].item(),
+                    "target": ch.Vocab.label(tgt[k, t]),
+                    "predicted": ch.Vocab.label(pred[k, t]),
+                    "source": ch.Vocab.label(src[k, j]),
+                }
+                for layer in range(maps.shape[1])
+                for t in range(steps)
+                for j in range(n)
+            ]
+    return []
 
 
 def evaluate(ch, models, test_data, long_data):
@@ -219,6 +261,12 @@ def main(argv=None):
         models[positions] = (load(ch, positions, args.out), True)
     table = evaluate(ch, models, test_data, long_data)
     table.to_csv(args.out / TABLE, index=False)
+    maps = [
+        {"model": name} | row
+        for name, (model, transformer) in models.items()
+        for row in failing_map(ch, model, long_data, transformer)
+    ]
+    pd.DataFrame(maps).to_csv(args.out / MAPS, index=False)
 
 
 if __name__ == "__main__":
