@@ -11,14 +11,19 @@ independent references:
 - cached greedy decoding against uncached (tokens equal, logits and
   cross-attention weights within 1e-10) and the bytes of each cache;
 - the claims of the docstrings (no positions: permuting the source changes
-  nothing; padding changes nothing) and every ValueError.
+  nothing; padding changes nothing) and every ValueError;
+- the stored models of `make train-seq2seq` give their logged rows again.
 """
 
+import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+import train_seq2seq as tool  # tools/train_seq2seq.py
+from conftest import BOOK
 from torch import nn
 
 import seq2seq
@@ -515,3 +520,27 @@ def test_target_mask_restricts_the_causal_mask():
     assert (plain - same).abs().max() < 1e-15
     assert (plain[:, 0] - alone[:, 0]).abs().max() < 1e-12
     assert (plain[:, 1:] - alone[:, 1:]).abs().amax(-1).min() > 1e-6
+
+
+# --- the stored models (make train-seq2seq) ------------------------------------
+
+
+def test_stored_models_reproduce_their_rows():
+    """Rebuilt from book/data/seq2seq_models.json and evaluated again, two
+    stored Transformers give their rows of seq2seq_lengths.csv (length 10,
+    held out; length 11, past training)."""
+    spec = json.loads((BOOK / "data" / tool.SPEC).read_text())
+    table = pd.read_csv(BOOK / "data" / tool.TABLE)
+    ch, _, test_data, long_data = tool.setup()
+    for name, n, data in (
+        ("rotary", 11, long_data[11]),
+        ("alibi", 10, test_data),
+    ):
+        entry = spec["models"][name]
+        init = entry["init"] | {"layers": tuple(entry["init"]["layers"])}
+        model = Seq2Seq(**init).double()
+        model.load_state_dict(torch.load(BOOK / "data" / entry["weights"]))
+        row = tool.by_length(ch, model.eval(), data, n, transformer=True)
+        logged = table[(table.model == name) & (table.length == n)].iloc[0]
+        for key, value in row.items():
+            assert value == pytest.approx(logged[key], abs=1e-12), key
