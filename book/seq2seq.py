@@ -372,14 +372,16 @@ class Seq2Seq(nn.Module):
     - "alibi": no positions added; each self-attention's scores get the
       bias -m_h |i - j| (Press, Smith and Lewis 2022, section 3; `alibi_bias`;
       |i - j| in the bidirectional encoder);
-    - "none": no positions anywhere (NoPE, Kazemnejad et al. 2023,
-      section 2). The encoder is then permutation-equivariant (chapter 6):
-      permuting the real source tokens permutes its outputs, and
-      cross-attention, a weighted sum over them, sees only the multiset of
-      source tokens. Every decoder output depends on the source through
-      that multiset, so the model cannot tell a string from its reversal:
-      it can reverse at most one string of each multiset. The option is
-      a control, not a contender.
+    - "none": no positions anywhere (the NoPE of Kazemnejad et al. 2023,
+      who study it in decoder-only models, where the causal mask lets a
+      token count the tokens before it). A bidirectional encoder has no
+      such mask: it is permutation-equivariant (chapter 6), permuting the
+      real source tokens permutes its outputs, and cross-attention, a
+      weighted sum over them, sees only the multiset of source tokens.
+      Every decoder output depends on the source through that multiset, so
+      of the strings with one multiset of digits the model reverses at most
+      one (the string whose reversal its one output is). The option is a
+      control, not a contender.
 
     Cross-attention has no positions in any option. No dropout; the source
     and target embeddings are not shared with each other or the readout
