@@ -373,9 +373,9 @@ class Seq2Seq(nn.Module):
       bias -m_h |i - j| (Press, Smith and Lewis 2022, section 3; `alibi_bias`;
       |i - j| in the bidirectional encoder);
     - "none": no positions anywhere (the NoPE of Kazemnejad et al. 2023,
-      who study it in decoder-only models, where the causal mask lets a
-      token count the tokens before it). A bidirectional encoder has no
-      such mask: it is permutation-equivariant (chapter 6), permuting the
+      who study it in decoder-only models, whose causal mask orders the
+      tokens). A bidirectional encoder has no such mask: it is
+      permutation-equivariant (chapter 6), permuting the
       real source tokens permutes its outputs, and cross-attention, a
       weighted sum over them, sees only the multiset of source tokens.
       Every decoder output depends on the source through that multiset, so
