@@ -45,10 +45,12 @@ help:
 	@echo "                    its static cache, decode levers, batching and speculative decoding;"
 	@echo "                    chapter 12's decoding speed of each attention variant"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
-	@echo "                    train-positions, train-sentiment, train-additive): weights and logs in book/data/"
+	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
 	@echo "make train-variants chapter 12's attention variants trained like chapter 10's GPT, two at a time"
 	@echo "                    (JOBS_TRAIN=N): weights in book/data/variants/, logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
+	@echo "make train-seq2seq  issue 37's encoder-decoder Transformer, once per position option, on chapter 9's"
+	@echo "                    strings; every model and chapter 9's GRU on lengths 6-20 (book/data/seq2seq_lengths.csv)"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
 	@echo "                    tests per file, portable variants); not a test"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
@@ -183,6 +185,15 @@ train-positions: $(STAMP)
 train-additive: $(STAMP)
 	$(BIN)/python tools/train_additive.py
 
+# Issue 37's encoder-decoder Transformer (book/seq2seq.py), once per position
+# option, on chapter 9's strings and split, one thread (tools/train_seq2seq.py):
+# weights in book/data/seq2seq/, the log, each model's accuracy by length 6-20
+# beside chapter 9's GRU (its stored weights: run after train-additive) and a
+# model description in book/data/.
+.PHONY: train-seq2seq
+train-seq2seq: $(STAMP)
+	$(BIN)/python tools/train_seq2seq.py
+
 # Chapter 7's trainings in full (1000 or 300 epochs, one thread): weights and
 # log in book/data/ (then `make outputs NB=book/07_sentiment.ipynb`).
 .PHONY: train-sentiment
@@ -204,7 +215,7 @@ train-variants: $(STAMP)
 # thread and log their CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all,
 # which chapter 12's train-variants alone exceeds: see CONTRIBUTING.md).
 .PHONY: train
-train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive
+train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq
 
 # The suite's own benchmark: the time of each stage (tools/bench_suite.py;
 # BENCH_ARGS=--install also times a fresh install into a new venv).

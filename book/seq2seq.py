@@ -1,0 +1,626 @@
+"""The whole Transformer of Vaswani et al. (2017): an encoder, a decoder with
+masked self-attention and cross-attention, and greedy decoding (issue 37).
+
+It assembles what earlier chapters built, from book/transformer.py: chapter
+6's pre-norm `EncoderBlock`, sinusoidal and rotary positions; chapter 10's
+causal `SelfAttention` and its key/value `Cache` interface (`KVCache`);
+chapter 9's cross-attention idea (a decoder query over the encoder's
+states), here as scaled dot-product attention with heads. New here:
+
+- `CrossAttention`: queries from the decoder, keys and values from the
+  encoder's outputs (the "encoder-decoder attention" of Vaswani et al.,
+  section 3.2.3), whose keys and values are computed once per source;
+- `AlibiSelfAttention`: self-attention with ALiBi's linear bias
+  (Press, Smith and Lewis 2022, section 3);
+- `CrossDecoderBlock`: masked self-attention, cross-attention, feed-forward,
+  each pre-norm with a residual (the decoder layer of Vaswani et al.,
+  section 3.1, with the norm first as in `nn.TransformerDecoderLayer(
+  norm_first=True)`);
+- `Encoder` and `Decoder`: stacks of blocks with a final LayerNorm;
+- `Seq2Seq`: embeddings, one of five position options, both stacks and a
+  readout, with chapter 9's calling convention (`model(src, lengths,
+  tgt_in)` and `model.greedy_decode(src, lengths, steps)`), so chapter 9's
+  `train`, `held_out_loss` and `accuracy_by_length` run it unchanged;
+- `greedy`: greedy decoding, uncached or with one cache per decoder layer;
+  `cache_bytes`: the bytes each cache holds;
+- `load_torch_weights`: copy the weights of PyTorch's `nn.Transformer`
+  (or one of its layers or stacks) into the modules here, for the tests.
+
+Masks are boolean, True where a query may attend to a key, as in
+transformer.py. A source is a padded (B, S) tensor of token ids with its
+lengths (B,): position j of row b is real if j < lengths[b].
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer import (
+    EncoderBlock,
+    KVCache,
+    RotarySelfAttention,
+    SelfAttention,
+    allowed_positions,
+    attend,
+    check_heads,
+    check_rows,
+    sinusoidal_encoding,
+)
+
+POSITIONS = ("sinusoidal", "rotary", "learned", "alibi", "none")
+
+
+# --- ALiBi -------------------------------------------------------------------
+
+
+def alibi_slopes(H, dtype=torch.float64):
+    """ALiBi's head-specific slopes m_1 ... m_H (Press et al. 2022, section 3).
+
+    For H a power of two, the geometric sequence that starts at 2^(-8/H)
+    with that ratio (H = 8: 1/2, 1/4, ..., 1/256). Otherwise, as the
+    authors' code does (`get_slopes` in their repository
+    ofirpress/attention_with_linear_biases): the slopes of the power of two
+    just below H, then every other slope of twice that power.
+    """
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        raise ValueError(f"H must be a positive integer, got {H!r}")
+
+    def power_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    p = 1 << (H.bit_length() - 1)  # the largest power of two <= H
+    slopes = power_of_two(p)
+    if p < H:
+        slopes += power_of_two(2 * p)[0::2][: H - p]
+    return torch.tensor(slopes, dtype=dtype)
+
+
+def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
+    """The (H, T_q, T_k) bias -m_h |i - j| added to query i's score of key j.
+
+    Press et al. (section 3) add -m_h (i - j) for a causal query i >= j; for
+    a bidirectional encoder (not in the paper) we take the distance |i - j|
+    on both sides, the same bias for every key a causal query may see.
+    """
+    distance = (pos_q[:, None] - pos_k[None, :]).abs().to(dtype)  # (T_q, T_k)
+    return -alibi_slopes(H, dtype)[:, None, None] * distance
+
+
+def attend_biased(Q, K, V, mask=None, bias=None):
+    """transformer.py's `attend` with a bias added to the scaled scores."""
+    if bias is None:
+        return attend(Q, K, V, mask)
+    scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights @ V, weights
+
+
+class AlibiSelfAttention(SelfAttention):
+    """chapter 10's `SelfAttention` (no window, G = H) whose scores get
+    ALiBi's bias, `alibi_bias`, from the positions of queries and keys
+    (the cache's positions in a cached call). No position is added to the
+    tokens: the bias is the model's only position information."""
+
+    def __init__(self, d, H, causal=False):
+        super().__init__(d, H, causal=causal)
+
+    def forward(self, x, mask=None, cache=None):
+        T = x.shape[1]
+        pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
+        Q, K, V = self.heads(x)
+        pos_k = pos_q
+        if cache is not None:
+            if mask is not None:
+                raise ValueError("a cached call takes no mask")
+            cache.check_layer(self.w, self.causal)
+            K, V, pos_k = cache.update(K, V)
+        if self.causal or cache is not None:
+            allowed = allowed_positions(pos_q, pos_k, None, self.causal)
+            mask = allowed if mask is None else check_rows(mask & allowed)
+        bias = alibi_bias(self.H, pos_q, pos_k, Q.dtype)  # (H, T, T_k)
+        out, weights = attend_biased(Q, K, V, mask, bias)  # (B, H, T, d_k)
+        B, H, T, d_k = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * d_k)
+        return self.out_proj(out), weights
+
+
+def self_attention(d, H, positions, causal):
+    """The self-attention of a block for a position option."""
+    if positions == "rotary":
+        return RotarySelfAttention(d, H, causal=causal)
+    if positions == "alibi":
+        return AlibiSelfAttention(d, H, causal=causal)
+    return SelfAttention(d, H, causal=causal)  # positions added to tokens
+
+
+# --- cross-attention and the decoder block -----------------------------------
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from the decoder's tokens (queries) to the
+    encoder's outputs (keys and values): Vaswani et al., section 3.2.3.
+
+    One input projection `in_proj` (d -> 3d) holds W_Q, W_K and W_V stacked
+    in that order, as `nn.MultiheadAttention.in_proj_weight` does; queries
+    use its first d rows, keys and values the other 2d. No positions: a
+    query's weights over the source depend only on what the encoder wrote.
+    """
+
+    def __init__(self, d, H):
+        super().__init__()
+        check_heads(d, H)
+        self.H, self.d_k = H, d // H
+        self.in_proj = nn.Linear(d, 3 * d)
+        self.out_proj = nn.Linear(d, d)
+
+    def keys_values(self, memory):
+        """Keys and values (B, H, S, d_k) of the encoder's outputs (B, S, d):
+        computed once per source, reused at every decoding step."""
+        B, S, d = memory.shape
+        W, b = self.in_proj.weight[d:], self.in_proj.bias[d:]
+        kv = F.linear(memory, W, b).view(B, S, 2, self.H, self.d_k)
+        K, V = kv.permute(2, 0, 3, 1, 4)  # each (B, H, S, d_k)
+        return K, V
+
+    def forward(self, x, kv, mask=None):
+        """Outputs (B, T, d) and weights (B, H, T, S) of queries x (B, T, d)
+        over keys and values kv = keys_values(memory); mask broadcasts to
+        (B, H, T, S)."""
+        B, T, d = x.shape
+        Q = F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d])
+        Q = Q.view(B, T, self.H, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+        out, weights = attend(Q, *kv, mask)
+        out = out.transpose(1, 2).reshape(B, T, d)
+        return self.out_proj(out), weights
+
+
+class CrossDecoderBlock(nn.Module):
+    """Pre-norm decoder block: masked self-attention, cross-attention to the
+    encoder's outputs, then the feed-forward layer, each inside a residual
+    (Vaswani et al., section 3.1, with the LayerNorm first as in
+    `nn.TransformerDecoderLayer(norm_first=True)`).
+
+    The self-attention is causal; `positions` "rotary" or "alibi" give it
+    rotary queries and keys or ALiBi's bias, anything else chapter 6's plain
+    attention (positions added to the tokens, or none). Parameter names
+    follow `nn.TransformerDecoderLayer`'s (see `torch_key`).
+    """
+
+    def __init__(self, d, H, d_ff, positions=None):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.self_attn = self_attention(d, H, positions, causal=True)
+        self.norm2 = nn.LayerNorm(d)
+        self.cross_attn = CrossAttention(d, H)
+        self.norm3 = nn.LayerNorm(d)
+        self.linear1, self.linear2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, cache=None):
+        """Outputs (B, T, d), self-attention weights (B, H, T, T_k) and
+        cross-attention weights (B, H, T, S).
+
+        x: (B, T, d); memory: the encoder's outputs (B, S, d), or their
+        keys and values `cross_attn.keys_values(memory)`; memory_mask: (B, S),
+        True for a real source position; tgt_mask: (T, T) or (B, T, T), on
+        top of the causal mask; cache: a `Cache` for the self-attention.
+        """
+        kv = check_block_inputs(x, memory, memory_mask, tgt_mask)
+        if kv is None:
+            kv = self.cross_attn.keys_values(memory)
+        if tgt_mask is not None and tgt_mask.dim() == 3:
+            tgt_mask = tgt_mask[:, None]  # one mask per row, for every head
+        attended, self_weights = self.self_attn(self.norm1(x), tgt_mask, cache)
+        y = x + attended
+        src_mask = None if memory_mask is None else memory_mask[:, None, None]
+        crossed, cross_weights = self.cross_attn(self.norm2(y), kv, src_mask)
+        z = y + crossed
+        out = z + self.linear2(F.relu(self.linear1(self.norm3(z))))
+        return out, self_weights, cross_weights
+
+
+def check_block_inputs(x, memory, memory_mask, tgt_mask):
+    """Raise ValueError on a bad shape; the memory's (K, V) if given as such."""
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (B, T, d), got {tuple(x.shape)}")
+    B, T, _ = x.shape
+    kv = memory if isinstance(memory, tuple) else None
+    if kv is not None:
+        B_m, S = kv[0].shape[0], kv[0].shape[2]
+    elif memory.dim() == 3:
+        B_m, S = memory.shape[:2]
+    else:
+        raise ValueError(
+            f"memory must have shape (B, S, d), got {tuple(memory.shape)}"
+        )
+    if B_m != B:
+        raise ValueError(
+            f"mismatched batch sizes: {B} target rows, {B_m} source rows"
+        )
+    if S == 0:
+        raise ValueError("an empty source: the memory has no position")
+    if memory_mask is not None:
+        if memory_mask.dtype != torch.bool or tuple(memory_mask.shape) != (
+            B,
+            S,
+        ):
+            raise ValueError(
+                f"memory_mask must be a boolean ({B}, {S}) tensor, got "
+                f"{memory_mask.dtype} {tuple(memory_mask.shape)}"
+            )
+        if not memory_mask.any(dim=-1).all():
+            raise ValueError("an empty source: a row has no real position")
+    check_tgt_mask(tgt_mask, B, T)
+    return kv
+
+
+def check_tgt_mask(tgt_mask, B, T):
+    """Raise ValueError unless tgt_mask is None or boolean (T, T) or (B, T, T)."""
+    if tgt_mask is None:
+        return
+    if tgt_mask.dtype != torch.bool or tuple(tgt_mask.shape) not in (
+        (T, T),
+        (B, T, T),
+    ):
+        raise ValueError(
+            f"the target mask must be a boolean ({T}, {T}) or ({B}, {T}, {T}) "
+            f"tensor, got {tgt_mask.dtype} {tuple(tgt_mask.shape)}"
+        )
+
+
+# --- the stacks --------------------------------------------------------------
+
+
+class Encoder(nn.Module):
+    """`layers` of chapter 6's pre-norm `EncoderBlock`, then a LayerNorm.
+
+    Given the same weights (`load_torch_weights`), it equals the encoder of
+    `nn.Transformer(norm_first=True, dropout=0)` (its `encoder`: layers and
+    final norm) on the same inputs, which are the embedded tokens plus any
+    added positions: nn.Transformer has neither embeddings nor readout, so
+    the comparison covers the stack alone, and it holds for positions
+    "sinusoidal", "learned" and "none" (added to the inputs, or absent);
+    "rotary" and "alibi" change the attention, which nn.Transformer lacks.
+    """
+
+    def __init__(self, d, H, d_ff, layers, positions=None):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for _ in range(layers):
+            block = EncoderBlock(d, H, d_ff, rotary=positions == "rotary")
+            if positions == "alibi":
+                block.self_attn = AlibiSelfAttention(d, H)
+            self.layers.append(block)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x, padding_mask=None):
+        """Outputs (B, S, d) of inputs x (B, S, d); padding_mask (B, S) is
+        True at real positions (keys at other positions get no weight)."""
+        for block in self.layers:
+            x = block(x, padding_mask=padding_mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """`layers` of `CrossDecoderBlock`, then a LayerNorm: given the same
+    weights, the decoder of `nn.Transformer(norm_first=True, dropout=0)`
+    (see `Encoder` for what the comparison covers)."""
+
+    def __init__(self, d, H, d_ff, layers, positions=None):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            CrossDecoderBlock(d, H, d_ff, positions) for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(d)
+
+    def memory_kv(self, memory):
+        """Each layer's cross-attention keys and values of the memory."""
+        return [block.cross_attn.keys_values(memory) for block in self.layers]
+
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, caches=None):
+        """Outputs (B, T, d) and cross-attention weights (B, layers, H, T, S).
+
+        memory: the encoder's outputs (B, S, d), or `memory_kv(memory)`;
+        caches: one `Cache` per layer for the self-attention, or None.
+        """
+        kv = memory if isinstance(memory, list) else None
+        if kv is not None and len(kv) != len(self.layers):
+            raise ValueError(
+                f"memory_kv has {len(kv)} layers' keys and values, the "
+                f"decoder {len(self.layers)} layers"
+            )
+        if caches is not None and len(caches) != len(self.layers):
+            raise ValueError(
+                f"{len(caches)} caches for {len(self.layers)} layers"
+            )
+        cross = []
+        for i, block in enumerate(self.layers):
+            layer_memory = memory if kv is None else kv[i]
+            cache = None if caches is None else caches[i]
+            x, _, weights = block(
+                x, layer_memory, memory_mask, tgt_mask, cache
+            )
+            cross.append(weights)
+        return self.norm(x), torch.stack(cross, dim=1)
+
+
+# --- the whole model ---------------------------------------------------------
+
+
+class Seq2Seq(nn.Module):
+    """The encoder-decoder Transformer: token embeddings, positions, the
+    `Encoder` and `Decoder` stacks, and a linear readout to the vocabulary.
+
+    positions (how token order reaches the model):
+    - "sinusoidal": the table of Vaswani et al., section 3.5 (chapter 6's
+      `sinusoidal_encoding`), added to the source and the target tokens;
+    - "rotary": queries and keys of every self-attention rotated by their
+      position (Su et al. 2021, section 3.2; chapter 6's `rotary`);
+    - "learned": a trained vector per position (Gehring et al. 2017,
+      section 3.1), added like the sinusoids; one table for the source,
+      `max_len` rows, one for the target, `max_len + 1` rows (the start
+      token and `max_len` digits), so every row is trained on strings of up
+      to `max_len` tokens. A position past its table gets the table's last
+      row (clamped): every string gets an answer, so accuracy past the
+      training lengths can be measured, and a row that no training step
+      updated would be random noise. Clamping is Shaw et al.'s (2018,
+      section 3.2) choice for relative distances beyond k; for absolute
+      positions it gives every token from the last row on the same
+      position, which the model has never seen happen;
+    - "alibi": no positions added; each self-attention's scores get the
+      bias -m_h |i - j| (Press, Smith and Lewis 2022, section 3; `alibi_bias`;
+      |i - j| in the bidirectional encoder);
+    - "none": no positions anywhere (the NoPE of Kazemnejad et al. 2023,
+      who study it in decoder-only models, whose causal mask orders the
+      tokens). A bidirectional encoder has no such mask: it is
+      permutation-equivariant (chapter 6), permuting the
+      real source tokens permutes its outputs, and cross-attention, a
+      weighted sum over them, sees only the multiset of source tokens.
+      Every decoder output depends on the source through that multiset, so
+      of the strings with one multiset of digits the model reverses at most
+      one (the string whose reversal its one output is). The option is a
+      control, not a contender.
+
+    Cross-attention has no positions in any option. No dropout; the source
+    and target embeddings are not shared with each other or the readout
+    (Vaswani et al., section 3.4, share them), nor scaled by sqrt(d)
+    (ibid.): chapter 6 adds positions to unscaled embeddings.
+
+    `model(src, lengths, tgt_in)` and `model.greedy_decode(src, lengths,
+    steps)` follow chapter 9's `Seq2Seq`: tokens ids in 0 ... vocab - 1,
+    `bos` the start token the decoder begins with.
+    """
+
+    def __init__(
+        self,
+        vocab,
+        d=64,
+        H=4,
+        d_ff=256,
+        layers=(2, 2),
+        positions="sinusoidal",
+        max_len=10,
+        bos=1,
+    ):
+        super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(
+                f"positions must be one of {POSITIONS}, got {positions!r}"
+            )
+        if not 0 <= bos < vocab:
+            raise ValueError(f"bos={bos} is outside the vocabulary 0..{vocab}")
+        self.vocab, self.positions, self.bos = vocab, positions, bos
+        self.max_len = max_len
+        self.src_embed = nn.Embedding(vocab, d)
+        self.tgt_embed = nn.Embedding(vocab, d)
+        if positions == "learned":
+            self.src_pos = nn.Embedding(max_len, d)
+            self.tgt_pos = nn.Embedding(max_len + 1, d)
+        self.encoder = Encoder(d, H, d_ff, layers[0], positions)
+        self.decoder = Decoder(d, H, d_ff, layers[1], positions)
+        self.readout = nn.Linear(d, vocab)
+
+    def add_positions(self, x, start, table):
+        """Tokens x (B, T, d) at positions start ... start + T - 1, plus
+        their sinusoids or learned vectors (clamped to the table)."""
+        T, d = x.shape[1:]
+        if self.positions == "sinusoidal":
+            return x + sinusoidal_encoding(start + T, d, x.dtype)[start:]
+        if self.positions == "learned":
+            pos = torch.arange(start, start + T).clamp(
+                max=table.num_embeddings - 1
+            )
+            return x + table(pos)
+        return x  # rotary and ALiBi act inside attention; "none": nothing
+
+    def encode(self, src, lengths):
+        """The encoder's outputs (B, S, d) and the source mask (B, S)."""
+        check_source(src, lengths, self.vocab)
+        mask = torch.arange(src.shape[1]) < lengths[:, None]  # (B, S)
+        x = self.add_positions(self.src_embed(src), 0, self.table("src"))
+        return self.encoder(x, mask), mask
+
+    def table(self, side):
+        """The learned table of the source or target side, else None."""
+        return getattr(self, f"{side}_pos", None)
+
+    def decode(self, tgt_in, memory, mask, tgt_mask=None, caches=None):
+        """Logits (B, T, vocab) and cross-attention weights (B, layers, H,
+        T, S) of target tokens tgt_in (B, T) after the cached ones."""
+        check_tokens("tgt_in", tgt_in, self.vocab)
+        start = 0 if caches is None else caches[0].length
+        x = self.add_positions(
+            self.tgt_embed(tgt_in), start, self.table("tgt")
+        )
+        y, cross = self.decoder(x, memory, mask, tgt_mask, caches)
+        return self.readout(y), cross
+
+    def forward(self, src, lengths, tgt_in, tgt_mask=None):
+        """Teacher forcing: logits (B, T, vocab) and cross-attention weights
+        (B, layers, H, T, S). tgt_mask (T, T) or (B, T, T), boolean,
+        restricts the causal self-attention further."""
+        check_batch(src, tgt_in)
+        memory, mask = self.encode(src, lengths)
+        return self.decode(tgt_in, memory, mask, tgt_mask)
+
+    def greedy_decode(self, src, lengths, steps):
+        """Chapter 9's interface: tokens (B, steps) and cross-attention
+        weights (B, steps, S), the last layer's averaged over heads."""
+        tokens, _, cross, _ = greedy(self, src, lengths, steps)
+        return tokens, cross[:, -1].mean(dim=1)
+
+
+def check_tokens(name, tokens, vocab):
+    """Raise ValueError unless tokens (B, T) are ids in 0 ... vocab - 1."""
+    if tokens.dim() != 2 or tokens.dtype != torch.long:
+        raise ValueError(
+            f"{name} must be a (B, T) tensor of token ids, got "
+            f"{tokens.dtype} {tuple(tokens.shape)}"
+        )
+    bad = (tokens < 0) | (tokens >= vocab)
+    if bad.any():
+        raise ValueError(
+            f"{name} holds token {int(tokens[bad][0])}, outside the "
+            f"vocabulary 0..{vocab - 1}"
+        )
+
+
+def check_source(src, lengths, vocab):
+    """Raise ValueError unless src (B, S) and lengths (B,) fit, none empty."""
+    check_tokens("src", src, vocab)
+    if lengths.dim() != 1 or len(lengths) != len(src):
+        raise ValueError(
+            f"mismatched batch sizes: src has {len(src)} rows, lengths "
+            f"shape {tuple(lengths.shape)}"
+        )
+    if src.shape[1] == 0 or (lengths < 1).any():
+        raise ValueError("an empty source: every string needs a token")
+    if (lengths > src.shape[1]).any():
+        raise ValueError(
+            f"lengths must be at most src's {src.shape[1]} columns"
+        )
+
+
+def check_batch(src, tgt_in):
+    """Raise ValueError unless src and tgt_in have the same batch size."""
+    if tgt_in.dim() >= 1 and src.dim() >= 1 and len(tgt_in) != len(src):
+        raise ValueError(
+            f"mismatched batch sizes: src has {len(src)} rows, tgt_in "
+            f"{len(tgt_in)}"
+        )
+
+
+# --- greedy decoding ---------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy(model, src, lengths, steps, cached=True):
+    """Greedy decoding from the start token: each step appends the likeliest
+    token. Returns tokens (B, steps), their logits (B, steps, vocab), the
+    cross-attention weights (B, layers, H, steps, S) and the caches.
+
+    Uncached (cached=False), step t runs the decoder over all t + 1 tokens
+    so far and keeps the last position's outputs; cached, it feeds the one
+    new token, its self-attention reading the earlier keys and values from a
+    `KVCache` per layer, and its cross-attention the keys and values of the
+    source computed once (`Decoder.memory_kv`). The caches returned are
+    (self-attention caches, cross-attention keys and values), None
+    uncached.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"greedy decoding needs steps >= 1, got {steps!r}")
+    memory, mask = model.encode(src, lengths)
+    B = len(src)
+    tokens = torch.full((B, 1), model.bos)
+    logits, cross = [], []
+    if cached:
+        kv = model.decoder.memory_kv(memory)  # once per source
+        caches = [KVCache() for _ in model.decoder.layers]
+    for _ in range(steps):
+        if cached:
+            step, weights = model.decode(
+                tokens[:, -1:], kv, mask, None, caches
+            )
+        else:
+            step, weights = model.decode(tokens, memory, mask)
+        logits.append(step[:, -1])  # (B, vocab)
+        cross.append(weights[..., -1, :])  # (B, layers, H, S)
+        tokens = torch.cat([tokens, step[:, -1].argmax(-1, keepdim=True)], 1)
+    out_caches = (caches, kv) if cached else None
+    return (
+        tokens[:, 1:],
+        torch.stack(logits, dim=1),
+        torch.stack(cross, dim=3),
+        out_caches,
+    )
+
+
+def cache_bytes(caches):
+    """Bytes of each cache `greedy` returns: {"self": [per layer], "cross":
+    [per layer]}. A self-attention cache holds K and V of every token fed
+    (2 B H t d_k numbers); a cross-attention one those of the source
+    (2 B H S d_k), fixed from the first step."""
+    self_caches, kv = caches
+    return {
+        "self": [cache.nbytes() for cache in self_caches],
+        "cross": [
+            sum(t.nelement() * t.element_size() for t in pair) for pair in kv
+        ],
+    }
+
+
+# --- weights from PyTorch's nn.Transformer -----------------------------------
+
+
+def torch_key(key):
+    """The name here of a parameter of nn.Transformer or one of its parts:
+    `in_proj_weight` is `in_proj.weight` (and the bias), `multihead_attn`
+    (cross-attention) is `cross_attn`; every other name is the same."""
+    key = key.replace("in_proj_weight", "in_proj.weight")
+    key = key.replace("in_proj_bias", "in_proj.bias")
+    return key.replace("multihead_attn.", "cross_attn.")
+
+
+def load_torch_weights(module, torch_module):
+    """Copy every parameter of torch_module (nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer, nn.TransformerEncoder, nn.TransformerDecoder
+    or nn.Transformer) into module (EncoderBlock, CrossDecoderBlock,
+    Encoder, Decoder, or a module with `encoder` and `decoder` stacks)
+    under the names `torch_key` gives; ValueError if the parameters differ
+    in name or shape."""
+    theirs = {torch_key(k): v for k, v in torch_module.state_dict().items()}
+    ours = module.state_dict()
+    if isinstance(module, Seq2Seq):  # the stacks only, not the embeddings
+        ours = {k: v for k, v in ours.items() if k in theirs}
+    if set(theirs) != set(ours):
+        raise ValueError(
+            f"the parameters differ: only in {type(torch_module).__name__}: "
+            f"{sorted(set(theirs) - set(ours))}; only in "
+            f"{type(module).__name__}: {sorted(set(ours) - set(theirs))}"
+        )
+    for key, value in theirs.items():
+        if value.shape != ours[key].shape:
+            raise ValueError(
+                f"{key}: shape {tuple(value.shape)} in "
+                f"{type(torch_module).__name__}, {tuple(ours[key].shape)} here"
+            )
+    module.load_state_dict(theirs, strict=not isinstance(module, Seq2Seq))
+    return module
+
+
+# --- measuring the alignment -------------------------------------------------
+
+
+def mirror_weight(weights, lengths):
+    """Mean weight that output digit t (1 ... n) puts on input digit
+    n + 1 - t, the digit it must copy when reversing: weights (B, ..., T, S)
+    with T >= max(lengths); returns (...) averaged over strings and digits
+    (chapter 9's `mirror_weight`, for a batch and any leading axes)."""
+    total, count = 0, 0
+    for w, n in zip(weights, lengths.tolist()):
+        rows = torch.arange(n)
+        total = total + w[..., rows, n - 1 - rows].sum(dim=-1)
+        count += n
+    return total / count
