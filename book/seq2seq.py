@@ -616,8 +616,9 @@ def load_torch_weights(module, torch_module):
 def mirror_weight(weights, lengths):
     """Mean weight that output digit t (1 ... n) puts on input digit
     n + 1 - t, the digit it must copy when reversing: weights (B, ..., T, S)
-    with T >= max(lengths); returns (...) averaged over strings and digits
-    (chapter 9's `mirror_weight`, for a batch and any leading axes)."""
+    with T >= max(lengths); returns (...) pooled over the digits of all
+    strings (chapter 9's per-string mean when all strings have one length;
+    for a batch and any leading axes)."""
     total, count = 0, 0
     for w, n in zip(weights, lengths.tolist()):
         rows = torch.arange(n)

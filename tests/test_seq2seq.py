@@ -442,7 +442,7 @@ def test_without_positions_the_source_order_is_invisible():
             assert change.abs().max() > 1e-3, positions
 
 
-def test_mirror_weight_is_chapter_9s_per_string():
+def test_mirror_weight_pools_chapter_9s_measure():
     gen = torch.Generator().manual_seed(1)
     weights = torch.rand(2, 3, 6, 5, generator=gen, dtype=torch.float64)
     lengths = torch.tensor([5, 2])
