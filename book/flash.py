@@ -94,10 +94,9 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
 
 def choose_tile(medians, within=0.01):
     """The tile [B_r, B_c] chosen from a sweep: medians maps (B_r, B_c) to
-    the median ratio SDPA time / our time. The pairs of the best tiles
-    overlap, so no single best is trusted: of the tiles within `within` of
-    the best median, the one with the smallest buffer B_r B_c (on a tie in
-    size, the higher median)."""
+    the median ratio SDPA time / our time. Medians within `within` of the
+    best count as tied with it: of those tiles, the one with the smallest
+    buffer B_r B_c (on a tie in size, the higher median)."""
     if not medians:
         raise ValueError("the sweep holds no tile")
     if not all(math.isfinite(r) and r > 0 for r in medians.values()):

@@ -682,7 +682,9 @@ def test_the_variants_are_what_chapter_12_says():
 
 def test_gpt_refuses_g_or_w_with_a_variant():
     for extra in ({"G": 1}, {"w": 8}):
-        with pytest.raises(ValueError, match="G, w and backend set chapter 10's"):
+        with pytest.raises(
+            ValueError, match="G, w and backend set chapter 10's"
+        ):
             gpt.GPT(VOCAB, d=D, H=H, attention=VARIANTS["mla"], **extra)
 
 
