@@ -238,7 +238,7 @@ def flash_backward(
     dK_j and dV_j are summed in one buffer; dQ gathers every key block's part.
     inside=False subtracts lse_i and Delta_i from each tile (chapter 13's
     ablation) instead of folding them into the products as extra columns;
-    base2 computes each weight as 2 ** (c (e_ij - lse_i)), c = log2(e).
+    base2 computes each weight as 2 ** (log2e (e_ij - lse_i)), log2e = log2(e).
     """
     tile = FAST_TILE["causal" if causal else "no mask"]  # unless given
     B_r = tile[0] if B_r is None else B_r
@@ -247,11 +247,11 @@ def flash_backward(
     (T_q, d_k), (T_k, d_v), dtype = Q.shape[-2:], V.shape[-2:], Q.dtype
     dC3 = dC.reshape(-1, T_q, d_v)  # (BH, T_q, d_v)
     BH = dC3.shape[0]
-    # c [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = c (e_ij - lse_i), one product
-    c = math.log2(math.e) if base2 else 1.0  # 2 ** (c x) == exp(x)
+    # log2e [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = log2e (e_ij - lse_i)
+    log2e = math.log2(math.e) if base2 else 1.0  # 2 ** (log2e x) == exp(x)
     Q_aug = torch.empty(BH, T_q, d_k + 1, dtype=dtype)
-    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * (c * d_k**-0.5)
-    Q_aug[..., d_k] = -c * lse.reshape(-1, T_q)
+    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * (log2e * d_k**-0.5)
+    Q_aug[..., d_k] = -log2e * lse.reshape(-1, T_q)
     Kt_aug = torch.ones(BH, d_k + 1, T_k, dtype=dtype)
     Kt_aug[:, :d_k] = K.reshape(-1, T_k, d_k).transpose(1, 2)
     K3 = K.reshape(-1, T_k, d_k)  # (BH, T_k, d_k)
@@ -296,7 +296,7 @@ def flash_backward(
             dQ[:, i0:i1].baddbmm_(dE, K3[:, j0:j1])  # dE K, scaled below
             dK_j.baddbmm_(dE.transpose(1, 2), Q_aug[:, i0:i1, :d_k])
     dQ.mul_(d_k**-0.5)  # dQ = dE K / sqrt(d_k)
-    dK.mul_(1 / c)  # dK = dE^T Q / sqrt(d_k): Q_aug's columns hold c times it
+    dK.mul_(1 / log2e)  # dK = dE^T Q / sqrt(d_k); Q_aug's columns: log2e times
     return (
         dQ.reshape(Q.shape),
         dK.reshape(*K.shape[:-1], d_k),

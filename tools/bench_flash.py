@@ -12,13 +12,13 @@ heads, d_k = 64, T = 4096:
   The rows of the run before are kept with run = "previous", so that a
   target is checked on two separate runs.
 - ablation: forward plus backward, one thread, without a mask, ABLATION_PAIRS
-  pairs: the backward with lse_i and D_i subtracted from each tile (inside
+  pairs: the backward with lse_i and Delta_i subtracted from each tile (inside
   off), both passes with exp in place of exp2 (base-2 off), and the tile
   sizes of TILES for both -> book/data/bench_flash_ablation.csv.
-- profile: one thread, without a mask, PROFILE_CALLS calls of each: the
-  CPU time of each PyTorch operation in our forward and in our forward
-  plus backward (torch.profiler), and SDPA's total for the same calls
-  -> book/data/bench_flash_profile.csv.
+- profile: one thread, without a mask, PROFILE_CALLS calls of each
+  program (ours and SDPA, forward and forward plus backward): the self
+  CPU time per call of each PyTorch operation of at least 0.5 ms
+  (torch.profiler) -> book/data/bench_flash_profile.csv.
 - train: chapter 10's GPT (its MODEL, data and `gpt.train`), STEPS steps
   from seed 0, with backend "flash" and with backend "sdpa", in float64 and
   in float32 -> the per-step losses in book/data/flash_train.csv.
