@@ -248,7 +248,7 @@ def flash_backward(
     dC3 = dC.reshape(-1, T_q, d_v)  # (BH, T_q, d_v)
     BH = dC3.shape[0]
     # log2e [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = log2e (e_ij - lse_i)
-    log2e = math.log2(math.e) if base2 else 1.0  # 2 ** (log2e x) == exp(x)
+    log2e = math.log2(math.e) if base2 else 1.0  # 1.0: exp, not exp2
     Q_aug = torch.empty(BH, T_q, d_k + 1, dtype=dtype)
     Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * (log2e * d_k**-0.5)
     Q_aug[..., d_k] = -log2e * lse.reshape(-1, T_q)
