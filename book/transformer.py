@@ -309,7 +309,7 @@ class SelfAttention(nn.Module):
         if self.w is not None or mask is not None:
             raise ValueError(
                 f"the {self.backend} backend takes no mask and no window w: "
-                f"only causal=True (use backend 'attend')"
+                f"no mask at all, or causal=True (else backend 'attend')"
             )
         T_k = pos_k.shape[-1]
         in_order = pos_q.dim() == 1 and torch.equal(pos_k, torch.arange(T_k))
