@@ -13,6 +13,9 @@ layout.
 - `r_format_matrix(M)`, `r_format_vector(x)`: the text R's `print` shows.
 """
 
+import math
+from fractions import Fraction
+
 import numpy as np
 
 
@@ -51,17 +54,40 @@ def r_set_seed(seed):
     return generator
 
 
+def check_count(n):
+    """n as an int, if it is a count of draws."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    return int(n)
+
+
+def check_generator(generator):
+    """Refuse a generator that R's draws cannot come from."""
+    if not isinstance(generator, np.random.MT19937):
+        raise ValueError(
+            "R's draws come from an np.random.MT19937 bit generator "
+            f"(r_set_seed makes one), got {type(generator).__name__}"
+        )
+
+
 def r_unif_rand(generator, n):
     """n uniform numbers in (0, 1), drawn as R's unif_rand() draws them."""
-    u = generator.random_raw(n) * 2.3283064365386963e-10  # y / 2^32
+    check_generator(generator)
+    y = generator.random_raw(check_count(n))  # 32-bit words
+    u = y * 2.3283064365386963e-10  # y / 2^32
     u[u <= 0.0] = 0.5 * 2.328306437080797e-10  # R keeps u > 0
     return u
 
 
-def check_runif(n, min, max):
+def check_runif(generator, n, min, max):
     """Refuse what R's runif(n, min, max) refuses or would return NaN for."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    check_generator(generator)
+    check_count(n)
+    for name, value in (("min", min), ("max", max)):
+        if isinstance(value, bool) or not isinstance(
+            value, (int, float, np.integer, np.floating)
+        ):
+            raise ValueError(f"{name} must be a real number, got {value!r}")
     if not (np.isfinite(min) and np.isfinite(max)) or min > max:
         raise ValueError(
             f"runif needs finite min <= max, got min={min}, max={max}"
@@ -70,7 +96,7 @@ def check_runif(n, min, max):
 
 def r_runif(generator, n, min=0.0, max=1.0):
     """R's runif(n, min, max), drawing from `generator`."""
-    check_runif(n, min, max)
+    check_runif(generator, n, min, max)
     if min == max:
         return np.full(n, float(min))  # R returns min and draws nothing
     return min + (max - min) * r_unif_rand(generator, n)
@@ -78,18 +104,17 @@ def r_runif(generator, n, min=0.0, max=1.0):
 
 def check_numbers(x, name):
     """x as a non-empty 1-D float array of finite numbers, -0.0 made 0.0."""
-    x = np.asarray(x, dtype=float)
-    if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
+    x = check_real_array(x, name)
+    if x.ndim != 1 or x.size == 0:
         raise ValueError(
-            f"{name} needs a non-empty 1-D array of finite numbers, "
-            f"got shape {x.shape}"
+            f"{name} needs a non-empty 1-D array, got shape {x.shape}"
         )
-    return x + 0.0  # -0.0 becomes 0.0: R prints no "-0"
+    return x
 
 
 def check_matrix(M):
-    """M as a non-empty 2-D float array."""
-    M = np.asarray(M, dtype=float)
+    """M as a non-empty 2-D float array of finite numbers, -0.0 made 0.0."""
+    M = check_real_array(M, "r_format_matrix")
     if M.ndim != 2 or 0 in M.shape:
         raise ValueError(
             f"r_format_matrix needs a non-empty 2-D array, got shape {M.shape}"
@@ -97,8 +122,57 @@ def check_matrix(M):
     return M
 
 
+def check_real_array(x, name):
+    """x as a float array, if R would hold exactly these finite doubles."""
+    try:
+        x = np.asarray(x)
+    except ValueError as error:  # rows of different lengths
+        raise ValueError(
+            f"{name} needs a rectangular array: {error}"
+        ) from None
+    if x.dtype.kind not in "iuf" or x.dtype.itemsize > 8:
+        raise ValueError(
+            f"{name} prints real numbers (an integer or float array of at "
+            f"most 64 bits), got dtype {x.dtype}"
+        )
+    doubles = x.astype(float)
+    if (
+        x.dtype.kind in "iu"
+        and (doubles.astype(object) != x.astype(object)).any()
+    ):
+        raise ValueError(
+            f"{name}: an integer beyond 2^53 here is not exactly a double; "
+            "R would round it"
+        )
+    x = doubles
+    if not np.isfinite(x).all():
+        raise ValueError(
+            f"{name} needs finite numbers: R prints NA, NaN and Inf, "
+            "which this port does not"
+        )
+    return x + 0.0  # -0.0 becomes 0.0: R prints no "-0"
+
+
+def check_digits(digits):
+    """digits as an int, if R's long-double path formats with it."""
+    if isinstance(digits, bool) or not isinstance(digits, (int, np.integer)):
+        raise ValueError(f"digits must be an integer, got {digits!r}")
+    if not 1 <= digits <= 15:
+        raise ValueError(
+            "digits must be from 1 to 15 (R allows up to 22, but formats "
+            f"digits >= 16 another way, not ported), got {digits}"
+        )
+    return int(digits)
+
+
 def check_width(lines, width, what):
     """Refuse text wider than R's line: R would wrap it, and we do not."""
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)):
+        raise ValueError(f"width must be an integer, got {width!r}")
+    if not 10 <= width <= 10000:
+        raise ValueError(f"R's width is from 10 to 10000, got {width}")
+    if isinstance(lines, str) or not lines:
+        raise ValueError("check_width needs a non-empty list of lines")
     if max(len(line) for line in lines) > width:
         raise ValueError(
             f"the {what} is wider than {width} characters; R would wrap "
@@ -106,31 +180,89 @@ def check_width(lines, width, what):
         )
 
 
+def long_double(q):
+    """The exact fraction q rounded to 64 significant bits, ties to even:
+    an x87 long double, in which R scales a number to its digits."""
+    if isinstance(q, bool) or not isinstance(
+        q, (int, float, Fraction, np.integer, np.floating)
+    ):
+        raise ValueError(f"long_double needs a real number, got {q!r}")
+    if isinstance(q, (float, np.floating)) and not math.isfinite(q):
+        raise ValueError(f"long_double needs a finite number, got {q!r}")
+    q = Fraction(q)
+    if q == 0:
+        return q
+    e = q.numerator.bit_length() - q.denominator.bit_length()
+    e -= abs(q) < Fraction(2) ** e  # now 2^e <= |q| < 2^(e + 1)
+    unit = Fraction(2) ** (e - 63)
+    return round(q / unit) * unit  # round() takes a tie to even
+
+
 def r_significant(value, digits=7):
-    """(significant digits, decimal exponent) R needs to show `value`."""
-    mantissa, exponent = f"{abs(value):.{digits - 1}e}".split("e")
-    sig = len(mantissa.replace(".", "").rstrip("0")) or 1
-    return sig, int(exponent) if value != 0 else 0
+    """(significant digits, decimal exponent, widens) R finds for `value`:
+    scientific() in R's src/main/format.c, long doubles included."""
+    digits = check_digits(digits)
+    value = check_real_array(value, "r_significant")
+    if value.ndim != 0:
+        raise ValueError(
+            f"r_significant takes one number, got shape {value.shape}"
+        )
+    r = abs(float(value))
+    if r == 0:
+        return 1, 0, False
+    kp = math.floor(math.log10(r)) - digits + 1  # 10^(kp+digits-1) <= r
+    exact = abs(kp) <= 27  # R divides by an exact power of 10, else powl
+    scaled = Fraction(r) / Fraction(10) ** kp
+    alpha = long_double(scaled) if exact else scaled
+    if alpha < 10 ** (digits - 1):  # log10 rounded up: one digit short
+        alpha = long_double(10 * alpha) if exact else 10 * alpha
+        kp -= 1
+    # powl's last bit is not modelled: near a tie, try both roundings
+    unsure = not exact and abs(alpha % 1 - Fraction(1, 2)) < alpha / 2**60
+    found = set()
+    for a in {math.floor(alpha), math.ceil(alpha)} if unsure else {alpha}:
+        a, sig = round(a), digits  # round(): ties to even, as R's
+        while sig > 0 and a % 10 == 0:  # drop trailing zeros
+            a, sig = a // 10, sig - 1
+        # sig == 0: rounded up to a power of 10, one digit more on the left
+        found.add((max(sig, 1), kp + digits - 1 + (sig == 0)))
+    if len(found) > 1:
+        raise ValueError(
+            f"{float(value)!r} is within R's powl error of a tie at "
+            f"{digits} digits: which way R rounds it is not ported"
+        )
+    ((sig, exponent),) = found
+    # R: does the fixed layout keep one digit fewer than the rounding?
+    fuzz = 0.5 / float(10 ** min(max(digits - exponent, 0), 27))
+    widens = 0 < exponent <= 27 and r < long_double(
+        10**exponent - Fraction(fuzz)
+    )
+    return sig, exponent, bool(widens)
 
 
-def r_sci_width(x, sig, exps):
-    """Width of R's scientific layout: sign, mantissa, e+XX or e+XXX."""
-    mantissa = max(sig) + (max(sig) > 1)  # its digits and the point
-    return int((x < 0).any()) + mantissa + 4 + (max(abs(exps)) >= 100)
+def r_layout(x, digits=7):
+    """(width, decimals, scientific): R's formatReal() for the entries of x."""
+    x = check_numbers(x, "r_layout")
+    sig, exps, widens = zip(*(r_significant(v, digits) for v in x))
+    left = [e + 1 - w for e, w in zip(exps, widens)]  # digits before "."
+    neg = int((x < 0).any())
+    fixed_left = max(int(v < 0) + max(n, 1) for v, n in zip(x, left))
+    decimals = max(max(s - n for s, n in zip(sig, left)), 0)
+    fixed = fixed_left + decimals + (decimals > 0)  # R's width wF
+    mantissa = max(sig) - 1  # decimals in scientific notation
+    exp_digits = 3 if max(left) > 100 or min(left) <= -99 else 2
+    sci = neg + (mantissa > 0) + mantissa + 3 + exp_digits  # d.ddde+XX
+    if fixed <= sci:  # a tie goes to fixed notation (R's scipen = 0)
+        return fixed, decimals, False
+    return sci, mantissa, True
 
 
 def r_format_column(x, digits=7):
-    """The entries of x in one common layout and width, as R formats them."""
+    """The entries of x in one common layout and width, as R prints them."""
     x = check_numbers(x, "r_format_column")
-    sig, exps = np.array([r_significant(v, digits) for v in x]).T
-    left = max(int(v < 0) + max(e + 1, 1) for v, e in zip(x, exps))
-    decimals = max(int((sig - exps - 1).max()), 0)
-    if left + decimals + (decimals > 0) <= r_sci_width(x, sig, exps):
-        cells = [f"{v:.{decimals}f}" for v in x]  # fixed notation
-    else:
-        cells = [f"{v:.{sig.max() - 1}e}" for v in x]
-    width = max(len(cell) for cell in cells)
-    return [cell.rjust(width) for cell in cells]  # one common width
+    width, decimals, scientific = r_layout(x, digits)
+    kind = "e" if scientific else "f"  # C's %*.*e or %*.*f, as R's
+    return [f"{v:{width}.{decimals}{kind}}" for v in x]
 
 
 def r_format_matrix(M, digits=7, width=80):
@@ -152,7 +284,8 @@ def r_format_matrix(M, digits=7, width=80):
 
 def r_format_vector(x, digits=7, width=80):
     """The text R's print(x) shows for a numeric vector that fits one line."""
-    cells = r_format_column(np.atleast_1d(x), digits)
+    x = check_numbers(np.atleast_1d(x), "r_format_vector")
+    cells = r_format_column(x, digits)
     label = "[1]".rjust(len(str(len(cells))) + 2)  # as wide as R's "[n]"
     line = " ".join([label, *cells])
     check_width([line], width, "vector")

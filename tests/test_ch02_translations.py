@@ -351,11 +351,11 @@ def test_runif_min_equal_max_draws_nothing(rport):
     assert rport.r_runif(rng, 1)[0] == seed0_draws(rport)[0]
 
 
-class ZeroBits:
-    """A stand-in bit generator whose raw draws are all 0."""
+class ZeroBits(np.random.MT19937):
+    """An MT19937 bit generator whose raw draws are all 0."""
 
-    def random_raw(self, n):
-        return np.zeros(n, dtype=np.uint64)
+    def random_raw(self, size=None, output=True):
+        return np.zeros(size, dtype=np.uint64)
 
 
 def test_unif_rand_never_returns_zero(rport):

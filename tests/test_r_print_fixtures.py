@@ -13,6 +13,7 @@ import; the test reads them from the appendix, as a reader's kernel does.
 import ast
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -72,12 +73,17 @@ def numbers(case):
     return x
 
 
-def refuses(case):
-    """The emulation prints one line and finite numbers only: R's NA and R's
-    wrapped lines are refused with a ValueError."""
-    return "NA" in case["values"] or (
-        case["kind"] == "vector" and "\n" in case["printed"]
-    )
+def refusal(case):
+    """What the emulation refuses, with a ValueError saying so: R's NA, R's
+    wrapped lines, and ties R decides with powl (named refused_powl_tie_*);
+    None for what it prints."""
+    if "NA" in case["values"]:
+        return "finite"
+    if case["kind"] == "vector" and "\n" in case["printed"]:
+        return "wider than 80"
+    if case["name"].startswith("refused_powl_tie_"):
+        return "powl error of a tie"
+    return None
 
 
 def test_fixtures_cover_what_the_emulation_must_get_right():
@@ -87,6 +93,16 @@ def test_fixtures_cover_what_the_emulation_must_get_right():
     assert sum(name.startswith("neg_zero") for name in names) >= 3
     assert any(case["kind"] == "matrix" for case in CASES)
     assert {"tiny", "huge", "denormal", "max_double"} <= set(names)
+    # issue 47: the widths R gives, not the longest entry's
+    assert {
+        "rounds_up_fixed_width",
+        "three_digit_exponent_width",
+        "matrix_rounds_up_width",
+    } <= set(names)
+    assert sum(name.startswith("long_double_tie_") for name in names) >= 3
+    assert sum(name.startswith("refused_powl_tie_") for name in names) >= 2
+    # the appendix's summary: 67 of the 73 stored cases printed, 6 refused
+    assert (len(CASES), sum(refusal(c) is None for c in CASES)) == (73, 67)
     for case in CASES:
         assert numbers(case).size == len(case["values"]) >= 1
     # R printed a negative zero as 0, and the stored input is a negative zero
@@ -96,7 +112,7 @@ def test_fixtures_cover_what_the_emulation_must_get_right():
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if not refuses(c)], ids=lambda c: c["name"]
+    "case", [c for c in CASES if not refusal(c)], ids=lambda c: c["name"]
 )
 def test_emulation_prints_what_r_printed(emulation, case):
     x = numbers(case)
@@ -107,11 +123,11 @@ def test_emulation_prints_what_r_printed(emulation, case):
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if refuses(c)], ids=lambda c: c["name"]
+    "case", [c for c in CASES if refusal(c)], ids=lambda c: c["name"]
 )
 def test_emulation_refuses_what_it_does_not_print(emulation, case):
     x = numbers(case)
-    message = "finite" if "NA" in case["values"] else "wider than 80"
+    message = refusal(case)
     function = (
         emulation.r_format_matrix
         if case["kind"] == "matrix"
@@ -131,3 +147,107 @@ def test_live_r_prints_what_is_stored():
     assert [c["name"] for c in live] == [c["name"] for c in CASES]
     for ours, theirs in zip(live, CASES):
         assert ours == theirs, f"{version}: {ours['name']}"
+
+
+# --- Edge-biased vectors and matrices, printed by live R ----------------------
+
+EDGE_SEED, EDGE_VECTORS, EDGE_MATRICES = 47, 1200, 300
+
+
+def edge_numbers(rng, n):
+    """n doubles where R's layout is easy to get wrong: next to a power of
+    10 or to a tie at the 7th digit (one or two doubles off), dyadic
+    fractions, integers of 8 to 18 digits, exponents near -99, 27 and 100,
+    the smallest and largest doubles, zeros; either sign."""
+    out = []
+    for _ in range(n):
+        k = int(
+            rng.choice([-330, -101, -100, -99, -22, -4, 7, 27, 28, 100, 307])
+            if rng.random() < 0.3
+            else rng.integers(-9, 10)
+        )
+        kind = int(rng.integers(0, 6))
+        if kind == 0:  # just below or above a power of 10
+            step = rng.choice([5e-8, 4.99e-8, 5.01e-8, 5e-7, 1e-9])
+            v = 10.0**k * (1 + rng.choice([-1, 1]) * step)
+        elif kind == 1:  # a tie at the 7th significant digit, nudged
+            v = (int(rng.integers(10**6, 10**7)) * 10 + 5) * 10.0 ** (k - 7)
+            for _ in range(int(rng.integers(0, 3))):
+                v = np.nextafter(v, rng.choice([0.0, np.inf]))
+        elif kind == 2:  # dyadic: exact ties exist
+            v = int(rng.integers(1, 2**20)) * 2.0 ** int(rng.integers(-60, 40))
+        elif kind == 3:  # integers with more digits than 7
+            v = float(rng.integers(1, 10 ** int(rng.integers(8, 19))))
+        elif kind == 4:  # any mantissa
+            v = rng.random() * 10.0**k
+        else:
+            v = rng.choice([0.0, 5e-324, 1e-300, 1.7976931348623157e308, 1.0])
+        v = float(v) if np.isfinite(v) else 1.0
+        out.append(-v if rng.random() < 0.3 else v)
+    return np.array(out)
+
+
+def edge_cases():
+    """(x, digits) pairs: vectors (a fifth at digits 1 to 15) and matrices."""
+    rng = np.random.default_rng(EDGE_SEED)
+    cases = []
+    for _ in range(EDGE_VECTORS):
+        x = edge_numbers(rng, int(rng.integers(1, 5)))
+        digits = int(rng.integers(1, 16)) if rng.random() < 0.2 else 7
+        cases.append((x, digits))
+    for _ in range(EDGE_MATRICES):
+        rows, cols = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        x = edge_numbers(rng, rows * cols).reshape(rows, cols, order="F")
+        cases.append((x, 7))
+    return cases
+
+
+def r_expression(x):
+    """R code for exactly these doubles (hexadecimal), a matrix by column."""
+    values = f"c({','.join(float(v).hex() for v in x.flatten(order='F'))})"
+    return f"matrix({values}, nrow={x.shape[0]})" if x.ndim == 2 else values
+
+
+def test_edge_cases_print_as_live_r(emulation, tmp_path):
+    """1,500 edge-biased vectors and matrices, printed by R in one Rscript
+    call: the port prints R's text, or refuses a line R wraps or a tie R
+    decides with powl, and nothing else (under the old widths, 151 of
+    them printed differently from R, silently: issue 47)."""
+    path = shutil.which("Rscript")
+    require_system_tool(path is not None, "R (Rscript)", R_INSTALL)
+    cases = edge_cases()
+    script = tmp_path / "edge.R"
+    script.write_text(
+        "".join(
+            f'print({r_expression(x)}, digits={d}); cat("@@@\\n")\n'
+            for x, d in cases
+        ),
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        [path, "--vanilla", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split("@@@\n")
+    assert len(out) == len(cases) + 1
+    printed, refused = 0, {"wider than 80": 0, "powl error of a tie": 0}
+    for (x, digits), text in zip(cases, out):
+        text = text.rstrip("\n")
+        function = (
+            emulation.r_format_matrix
+            if x.ndim == 2
+            else emulation.r_format_vector
+        )
+        try:
+            ours = function(x, digits)
+        except ValueError as error:
+            (reason,) = [r for r in refused if r in str(error)]
+            assert reason != "wider than 80" or "\n[" in text, text
+            refused[reason] += 1
+            continue
+        assert ours == text, (x.tolist(), digits)
+        printed += 1
+    # the appendix's summary: 1,486 printed, 13 wrapped by R, 1 powl tie
+    assert (printed, *refused.values()) == (1486, 13, 1)

@@ -87,6 +87,39 @@ emit("matrix_negative_column", matrix(c(-1.25, 3, 0, -0.5, 7, 8), 3))
 emit("matrix_mixed_magnitudes",
      matrix(c(123456789, 0.1, 1e-5, -2, 1e15, 3, 0.12345678, 1), 2))
 
+# --- widths by R's rule, not the longest entry (issue 47) -------------------
+# R's width for fixed notation counts the digits left of "." of the entry
+# rounded to 7 significant digits; sprintf then prints it unrounded
+emit("rounds_up_fixed_width", c(9.9999996, 0.001234567))   # 10.00000: 2 left
+emit("matrix_rounds_up_width", matrix(c(99999.9996, 123.456789), 2))
+emit("rounds_up_99999.99996", c(99999.99996))              # 1e+05
+emit("rounds_up_999999.96_half", c(999999.96, 0.5))
+emit("rounding_widens_99999999.4", c(99999999.4))         # 1e+08
+emit("rounding_widens_with_1234567.1", c(99999999.4, 1234567.1))  # width 8
+emit("rounds_up_with_1234567.1", c(99999999.6, 1234567.1))  # width 9
+# every entry gets the width of a three-digit exponent
+emit("three_digit_exponent_width", c(-1.5, 1e100))
+emit("rounds_to_1e100", c(9.9999999e99, 1))
+emit("exponent_minus_99", c(1e-99, 1))                    # two digits
+emit("exponent_minus_100", c(1e-100, 1))                  # three digits
+emit("neg_rounds_to_1e-99", c(-9.9999999e-100, 1))
+
+# --- R's long double: ties at the 7th digit ----------------------------------
+# R scales x by a power of 10 in long double (64-bit significand) and rounds
+# that to 7 digits, ties to even; sprintf rounds the exact double
+emit("dyadic_tie_2^-11", c(2^-11))                        # 0.00048828125
+emit("dyadic_tie_1234567.5", c(1234567.5, 1))
+emit("long_double_tie_0.47824295", c(0x1.e9b885172b95bp-2))  # 0.4782429499..
+emit("long_double_tie_0.33425705", c(0x1.56477ae8d46a5p-2))
+emit("long_double_tie_0.010239995", c(0x1.4f8b4dd16f1dfp-7))
+emit("exact_power_of_ten_limit_1e33", c(1.2345675e33, -1))  # 10^27 exact
+emit("powl_1e34_and_1e-30", c(1.2345675e34, 1.234567e-30, 3.3e40))
+emit("subnormal_and_one", c(5e-324, 1))
+# beyond 10^27 R divides by powl(10, k), not exactly rounded: near a tie
+# that decides a trailing zero, the port refuses
+emit("refused_powl_tie_5.3861405e-244", c(0x1.d6be480dded40p-809))
+emit("refused_powl_tie_9.9767895e110", c(0x1.a8cec4c97c620p+368))
+
 # --- what the emulation does not print --------------------------------------
 emit("na_vector", c(1.5, NA, 3))
 emit("na_matrix", matrix(c(1, NA, 3, 4), 2))

@@ -1,0 +1,155 @@
+"""Bad input to every public function of book/r_port.py: a ValueError whose
+message names the problem, never an IndexError, AttributeError, TypeError
+or a silently wrong print (issue 47). What the port refuses because R
+prints it in a way the port does not reproduce (NA, wrapped lines, ties
+decided by powl) is tested against R's output in test_r_print_fixtures.py.
+"""
+
+import inspect
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from conftest import BOOK  # noqa: F401  (puts book/ on sys.path)
+
+import r_port
+
+
+class ZeroBits(np.random.MT19937):
+    """A bit generator whose raw draws are all 0."""
+
+    def random_raw(self, size=None, output=True):
+        return np.zeros(size, dtype=np.uint64)
+
+
+def mt():
+    return r_port.r_set_seed(0)
+
+
+WIDE = np.arange(30) / 7
+# (function, arguments, what the message must say)
+BAD_INPUT = [
+    ("check_seed", (1.5,), "integer"),
+    ("check_seed", (2**31,), "32-bit"),
+    ("r_seed_words", ("0",), "integer"),
+    ("r_set_seed", (None,), "integer"),
+    ("r_set_seed", (-(2**31),), "32-bit"),
+    ("check_count", (-1,), "non-negative integer"),
+    ("check_count", (True,), "non-negative integer"),
+    ("check_generator", (np.random.default_rng(0),), "MT19937"),
+    ("check_generator", (np.random.PCG64(0),), "MT19937"),
+    ("r_unif_rand", (np.random.default_rng(0), 3), "MT19937"),
+    ("r_unif_rand", (mt(), 2.0), "non-negative integer"),
+    ("r_unif_rand", (mt(), -1), "non-negative integer"),
+    ("check_runif", (mt(), 3, "0", 1.0), "min must be a real number"),
+    ("check_runif", (mt(), 3, 0.0, None), "max must be a real number"),
+    ("check_runif", (mt(), 3, 0.0, [1.0, 2.0]), "max must be a real"),
+    ("check_runif", (mt(), 3, 2.0, 1.0), "min <= max"),
+    ("r_runif", (None, 3), "MT19937"),
+    ("r_runif", (None, 3, 1.0, 1.0), "MT19937"),
+    ("r_runif", (mt(), 3, np.nan, 1.0), "finite"),
+    ("r_runif", (mt(), 3, False, 1.0), "min must be a real number"),
+    ("check_real_array", (["1.5"], "f"), "dtype <U3"),
+    ("check_real_array", ([1 + 2j], "f"), "dtype complex128"),
+    ("check_real_array", ([True, False], "f"), "dtype bool"),
+    ("check_real_array", ([None], "f"), "dtype object"),
+    ("check_real_array", (np.ones(2, np.longdouble), "f"), "64 bits"),
+    ("check_real_array", ([2**53 + 1], "f"), "not exactly a double"),
+    ("check_real_array", ([[1.0], [1.0, 2.0]], "f"), "rectangular"),
+    ("check_real_array", ([1.0, np.nan], "f"), "finite"),
+    ("check_numbers", ([], "f"), "non-empty 1-D"),
+    ("check_numbers", (np.ones((2, 2)), "f"), "non-empty 1-D"),
+    ("check_numbers", ([-np.inf], "f"), "finite"),
+    ("check_matrix", (np.ones(3),), "2-D"),
+    ("check_matrix", (np.ones((0, 2)),), "2-D"),
+    ("check_matrix", ([["a"]],), "real numbers"),
+    ("check_digits", (0,), "from 1 to 15"),
+    ("check_digits", (16,), "from 1 to 15"),
+    ("check_digits", (7.0,), "integer"),
+    ("check_width", (["[1] 1"], 9, "vector"), "from 10 to 10000"),
+    ("check_width", (["[1] 1"], 80.0, "vector"), "width must be an integer"),
+    ("check_width", ([], 80, "vector"), "non-empty list of lines"),
+    ("check_width", ("[1] 1", 80, "vector"), "non-empty list of lines"),
+    ("check_width", (["x" * 81], 80, "vector"), "wider than 80"),
+    ("long_double", ("1/3",), "real number"),
+    ("long_double", (True,), "real number"),
+    ("long_double", (np.inf,), "finite"),
+    ("r_significant", (np.nan,), "finite"),
+    ("r_significant", ([1.0, 2.0],), "one number"),
+    ("r_significant", ("1",), "real numbers"),
+    ("r_significant", (1.0, 22), "from 1 to 15"),
+    ("r_layout", ([],), "non-empty 1-D"),
+    ("r_layout", ([1.0], 0), "from 1 to 15"),
+    ("r_format_column", ([1.0, np.nan],), "finite"),
+    ("r_format_column", ([[1.0]],), "non-empty 1-D"),
+    ("r_format_column", ([1.0], True), "digits must be an integer"),
+    ("r_format_matrix", (np.ones(3),), "2-D"),
+    ("r_format_matrix", ([[1.0, np.nan]],), "finite"),
+    ("r_format_matrix", (np.ones((2, 12)) / 3,), "wider than 80"),
+    ("r_format_matrix", ([[1.0]], 7, 5), "from 10 to 10000"),
+    ("r_format_matrix", ([[1.0]], 16), "from 1 to 15"),
+    ("r_format_matrix", ([[True]],), "dtype bool"),
+    ("r_format_vector", ([],), "non-empty"),
+    ("r_format_vector", ([1.0, np.inf],), "finite"),
+    ("r_format_vector", (WIDE,), "wider than 80"),
+    ("r_format_vector", (np.ones((2, 2)),), "1-D"),
+    ("r_format_vector", ("1",), "real numbers"),
+    ("r_format_vector", ([1.0], 7, None), "width must be an integer"),
+    ("r_format_vector", ([2**60 + 1],), "not exactly a double"),
+]
+
+
+def public_functions():
+    return sorted(
+        name
+        for name, f in inspect.getmembers(r_port, inspect.isfunction)
+        if f.__module__ == "r_port" and not name.startswith("_")
+    )
+
+
+def test_every_public_function_has_a_bad_input_case():
+    assert sorted({name for name, _, _ in BAD_INPUT}) == public_functions()
+
+
+@pytest.mark.parametrize(
+    "name, args, message",
+    BAD_INPUT,
+    ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD_INPUT)],
+)
+def test_bad_input_raises_a_value_error_naming_it(name, args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        getattr(r_port, name)(*args)
+
+
+@pytest.mark.parametrize(
+    "x, text",
+    [  # R 4.2.2: print(c(...)) of the doubles these hold
+        (np.array([1, -2], dtype=np.int8), "[1]  1 -2"),
+        (np.array([0.5], dtype=np.float32), "[1] 0.5"),
+        (np.float64(3.0), "[1] 3"),
+        ([2**53], "[1] 9.007199e+15"),
+        (np.array([2**62], dtype=np.uint64), "[1] 4.611686e+18"),
+    ],
+)
+def test_integer_and_narrow_inputs_print_as_their_doubles(x, text):
+    assert r_port.r_format_vector(x) == text
+
+
+def test_good_input_passes_the_checks():
+    assert r_port.check_count(np.int64(3)) == 3
+    assert r_port.check_digits(np.int32(7)) == 7
+    r_port.check_generator(ZeroBits())
+    r_port.check_runif(mt(), 0, 1, 1)  # runif(0, 1, 1) is numeric(0) in R
+    assert r_port.r_runif(mt(), 0).shape == (0,)
+
+
+def test_long_double_keeps_64_bits_ties_to_even():
+    """x87's long double: a 64-bit significand, rounding to nearest, ties to
+    even (here checked with integers: 2^63 + 1 needs 64 bits)."""
+    assert r_port.long_double(2**63 + 1) == 2**63 + 1
+    assert r_port.long_double(2**64 + 1) == 2**64  # a tie, to even
+    assert r_port.long_double(2**64 + 3) == 2**64 + 4  # a tie, to even
+    assert r_port.long_double(-(2**64) - 3) == -(2**64) - 4
+    third = Fraction(1, 3)  # 1/3 = 2^-2 * 4/3: the unit is 2^-65
+    assert r_port.long_double(third) == Fraction(round(2**65 * third), 2**65)
+    assert r_port.long_double(0.1) == Fraction(0.1)  # 53 bits fit in 64
