@@ -581,7 +581,7 @@ def test_r_matrix_refuses_what_r_would_recycle_or_cut(ch02):
 
 def test_fill_figure_numbers_each_cell_in_rs_order(ch02):
     """draw_fill writes k in the cell where r_matrix puts the k-th value:
-    down the columns for matrix(v, 3, 3), along the rows with byrow."""
+    down the columns for matrix(values, 3, 3), along the rows with byrow."""
     import matplotlib.pyplot as plt
 
     for byrow in (False, True):
@@ -644,25 +644,25 @@ def test_vignette_matrices_give_every_vignette_printout(ch02, rport):
 def julia_inputs(seed, n, d=4, d_v=3, bias=True):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(d, n))
-    Q, K = rng.normal(size=(d, d)), rng.normal(size=(d, d))
-    V = rng.normal(size=(d_v, d))
+    Q_jl, K_jl = rng.normal(size=(d, d)), rng.normal(size=(d, d))
+    V_jl = rng.normal(size=(d_v, d))
     scale = 1.0 if bias else 0.0
-    Qb, Kb = scale * rng.normal(size=(d, 1)), scale * rng.normal(size=(d, 1))
-    Vb = scale * rng.normal(size=(d_v, 1))
-    return x, Q, Qb, K, Kb, V, Vb
+    b_Q, b_K = scale * rng.normal(size=(d, 1)), scale * rng.normal(size=(d, 1))
+    b_V = scale * rng.normal(size=(d_v, 1))
+    return x, Q_jl, b_Q, K_jl, b_K, V_jl, b_V
 
 
 @pytest.mark.parametrize("seed", range(15))
 @pytest.mark.parametrize("bias", [False, True])
 def test_julia_block_transposed_equals_chapter_1(ch01, ch02, seed, bias):
     n = 1 + seed % 6
-    x, Q, Qb, K, Kb, V, Vb = julia_inputs(seed, n, bias=bias)
-    *_, alpha, z = ch02.attention_block(x, Q, Qb, K, Kb, V, Vb)
+    x, Q_jl, b_Q, K_jl, b_K, V_jl, b_V = julia_inputs(seed, n, bias=bias)
+    *_, alpha, z = ch02.attention_block(x, Q_jl, b_Q, K_jl, b_K, V_jl, b_V)
     X = x.T  # rows = tokens
     out, weights = ch01.attention_matrix(
-        X @ Q.T + Qb.T, X @ K.T + Kb.T, X @ V.T + Vb.T
+        X @ Q_jl.T + b_Q.T, X @ K_jl.T + b_K.T, X @ V_jl.T + b_V.T
     )
-    assert z.shape == (V.shape[0], n)
+    assert z.shape == (V_jl.shape[0], n)
     assert_allclose(alpha, weights, rtol=0, atol=1e-12)
     assert_allclose(z.T, out, rtol=0, atol=1e-12)
 
@@ -670,13 +670,15 @@ def test_julia_block_transposed_equals_chapter_1(ch01, ch02, seed, bias):
 @pytest.mark.parametrize("seed", range(10))
 def test_source_scaling_is_chapter_1_at_temperature_sqrt_n(ch01, ch02, seed):
     n = 2 + seed % 5
-    x, Q, Qb, K, Kb, V, Vb = julia_inputs(seed, n)
+    x, Q_jl, b_Q, K_jl, b_K, V_jl, b_V = julia_inputs(seed, n)
     *_, alpha, z = ch02.attention_block(
-        x, Q, Qb, K, Kb, V, Vb, scale="length(q)"
+        x, Q_jl, b_Q, K_jl, b_K, V_jl, b_V, scale="length(q)"
     )
     X = x.T
     out, weights = ch01.attention_matrix(
-        (X @ Q.T + Qb.T) / np.sqrt(n), X @ K.T + Kb.T, X @ V.T + Vb.T
+        (X @ Q_jl.T + b_Q.T) / np.sqrt(n),
+        X @ K_jl.T + b_K.T,
+        X @ V_jl.T + b_V.T,
     )
     assert_allclose(alpha, weights, rtol=0, atol=1e-12)
     assert_allclose(z.T, out, rtol=0, atol=1e-12)
