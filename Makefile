@@ -13,7 +13,9 @@ NB ?= $(NOTEBOOKS)
 # Test processes: pytest-xdist workers, one per core up to 4; each notebook
 # and each test file runs whole in one worker (--dist loadscope), the
 # longest first (tests/conftest.py orders them by tests/durations.json,
-# which `make bench-suite` refreshes). JOBS=1 runs everything in one process.
+# which `make bench-suite BENCH_ARGS=--write-durations` refreshes; without
+# that option the file is left as it is). JOBS=1 runs everything in one
+# process.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-reorder)
 # Each worker's kernels get their share of the cores: N workers that each
@@ -43,7 +45,9 @@ help:
 	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
 	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times,"
 	@echo "                    its static cache, decode levers, batching and speculative decoding;"
-	@echo "                    chapter 12's decoding speed of each attention variant"
+	@echo "                    chapter 12's decoding speed of each attention variant; chapter 13's"
+	@echo "                    tiled forward and backward passes against SDPA, their ablation, where"
+	@echo "                    the time goes and 200 training steps through each (tools/bench_flash.py)"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
 	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
 	@echo "make train-variants chapter 12's attention variants trained like chapter 10's GPT, two at a time"
@@ -52,7 +56,11 @@ help:
 	@echo "make train-seq2seq  issue 37's encoder-decoder Transformer, once per position option, on chapter 9's"
 	@echo "                    strings; every model and chapter 9's GRU on lengths 6-20 (book/data/seq2seq_lengths.csv)"
 	@echo "make bench-suite    time each stage of the suite itself (site, nbval per chapter,"
-	@echo "                    tests per file, portable variants); not a test"
+	@echo "                    tests per file, portable variants); not a test. BENCH_ARGS=--write-durations"
+	@echo "                    stores the per-file times in tests/durations.json; BENCH_ARGS='--install DIR'"
+	@echo "                    also times a fresh install into a new venv in DIR (a folder that must not exist)"
+	@echo "make mutants        plant each bug of tools/mutants/*.toml in a scratch copy and check that tests/"
+	@echo "                    catches it (minutes; ONLY=id-or-prefix for some, JOBS=N at a time)"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make pdf            the whole book as one PDF in _build/pdf/ (needs Debian's chromium)"
 	@echo "make linkcheck      check the external links of the pages (needs a network)"
@@ -138,8 +146,9 @@ outputs: $(STAMP)
 # levers and batching (tools/bench_static.py) and speculative decoding
 # (tools/bench_speculative.py); chapter 12's greedy decoding speed of each
 # attention variant with its own cache (tools/bench_variants.py); chapter
-# 13's tiled forward and backward against SDPA, its ablation and 200 steps
-# of training through each (tools/bench_flash.py).
+# 13's tiled forward and backward against SDPA, its ablation, where the
+# time goes (a profile) and 200 steps of training through each
+# (tools/bench_flash.py).
 bench: $(STAMP)
 	$(BIN)/python tools/bench_attention.py
 	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
@@ -217,8 +226,12 @@ train-variants: $(STAMP)
 .PHONY: train
 train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq
 
-# The suite's own benchmark: the time of each stage (tools/bench_suite.py;
-# BENCH_ARGS=--install also times a fresh install into a new venv).
+# The suite's own benchmark: the time of each stage (tools/bench_suite.py).
+# BENCH_ARGS=--write-durations also stores the per-file times in
+# tests/durations.json (the order in which `make test` starts them);
+# BENCH_ARGS='--install DIR' also times a fresh install into a new venv in
+# DIR, a folder that must not exist yet (--install alone stops with a usage
+# error).
 bench-suite: $(STAMP)
 	$(BIN)/python tools/bench_suite.py --jobs $(JOBS) $(BENCH_ARGS)
 
@@ -247,7 +260,10 @@ distclean: clean
 # chapter or module) planted in a
 # scratch copy of the book, one at a time; the tests/ of its chapter (of every
 # chapter using it, for a shared module) must catch it. Minutes, so not part
-# of `make test`. ONLY=id-or-prefix runs some; JOBS=N runs N at a time.
+# of `make test`; but a bug whose `find` no longer occurs exactly once stops
+# this run before it starts (exit status 2, naming it), and `make test`
+# fails on it first (tests/test_mutants_tool.py checks every `find`).
+# ONLY=id-or-prefix runs some; JOBS=N runs N at a time.
 .PHONY: mutants
 mutants: $(STAMP)
 	$(BIN)/python tools/mutants.py --jobs $(JOBS) $(if $(ONLY),--only $(ONLY))

@@ -1,8 +1,11 @@
 """tools/mutants.py, the runner of `make mutants`: a bug is planted in the
 code cells only and leaves a valid notebook, a `find` that does not occur
-exactly once makes the mutant invalid, and a shared module's tests are those
-of every chapter that imports it. (The planted bugs themselves are checked
-by running `make mutants`, not here.)"""
+exactly once makes the mutant invalid and stops the run before it starts,
+and a shared module's tests are those of every chapter that imports it.
+Every planted bug of tools/mutants/ still applies to the code as it is (its
+`find` occurs exactly once): a change that strands one fails here, in
+`make test`. (Whether the tests catch each bug is checked by running
+`make mutants`, not here.)"""
 
 import json
 
@@ -12,6 +15,7 @@ import pytest
 from mutants import (
     Mutant,
     count_matches,
+    invalid,
     load_mutants,
     module_tests,
     patched_text,
@@ -134,3 +138,38 @@ def test_mutant_list_is_checked(tmp_path, toml, message):
     path.write_text(toml)
     with pytest.raises(ValueError, match=message):
         load_mutants(path)
+
+
+def test_every_planted_bug_still_applies():
+    """`tools/mutants.py --list`'s check (each `find` occurs exactly once in
+    its file, each named test file exists), in a second, so that the change
+    that strands a mutant fails, not the next `make mutants` run."""
+    mutants = load_mutants()
+    assert len(mutants) >= 100  # the folder was read
+    stranded = [f"{m.id} ({m.source}): {why}" for m, why in invalid(mutants)]
+    assert not stranded, "planted bugs that no longer apply:\n" + "\n".join(
+        stranded
+    )
+
+
+def test_an_invalid_mutant_stops_the_run_before_it_starts(tmp_path, capsys):
+    """`make mutants` exits non-zero at once, naming the mutant, its TOML
+    file and why, rather than after every other mutant has run."""
+    path = tmp_path / "stale.toml"
+    path.write_text(
+        '[[mutant]]\nid = "stale"\nfile = "book/plots.py"\n'
+        'find = "text that book/plots.py does not hold"\nreplace = "x"\n'
+        'description = "a mutant whose code has changed"\n'
+        '[[mutant]]\nid = "lost-test"\nfile = "book/plots.py"\n'
+        'find = "vmin=0.0, vmax=1.0"\nreplace = "x"\n'
+        'description = "a mutant whose test file is gone"\n'
+        'tests = ["tests/test_no_such_file.py"]\n'
+    )
+    assert runner.main(["--file", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert (
+        f"INVALID stale ({path}): `find` occurs 0 times in book/plots.py"
+    ) in out
+    assert f"INVALID lost-test ({path}): no test file" in out
+    assert "No mutant was run." in out
+    assert "Baseline" not in out

@@ -151,6 +151,37 @@ def pdf_images(reader):
     return seen
 
 
+# A page that shows no figure holds at least this many characters of text
+# (three lines of prose), unless it ends a chapter: else a block that did not
+# fit left it almost empty (issue 47: a line of code, its output overleaf).
+MIN_CHARACTERS = 200
+
+
+def images_on(page):
+    xobjects = page.get("/Resources", {}).get("/XObject", {})
+    return sum(
+        ref.get_object().get("/Subtype") == "/Image"
+        for ref in xobjects.values()
+    )
+
+
+def test_no_page_left_almost_empty(pdf):
+    reader, texts = pdf
+    starts = json.loads(build_pdf.PDF.with_suffix(".json").read_text())
+    last = {n - 1 for n in starts["pages"][1:]} | {len(texts)}
+    almost_empty = []
+    for n, text in enumerate(texts, start=1):
+        if n == 1 or n in last:  # the title page, a chapter's last page
+            continue
+        lines = text.strip().splitlines()
+        if lines and lines[-1].strip() == str(n):  # the page number
+            lines = lines[:-1]
+        characters = len("".join("".join(lines).split()))
+        if characters < MIN_CHARACTERS and not images_on(reader.pages[n - 1]):
+            almost_empty.append(f"page {n}: {' | '.join(lines)[:80]!r}")
+    assert not almost_empty, "\n".join(almost_empty)
+
+
 def test_every_figure_is_in_the_pdf(pdf):
     reader, _ = pdf
     figures = stored_figures()

@@ -38,6 +38,17 @@ WORK = ROOT / "_build" / "pdf"
 SINGLE = WORK / "_build" / "singlehtml"
 PDF = WORK / "attention-from-scratch.pdf"
 
+# The printed page: A4 and its margins (mm), and the text area in CSS pixels
+# (96 per inch), the width at which Chromium lays the page out to print it.
+PAGE_MM = (210, 297)
+MARGIN_MM = {"top": 18, "bottom": 20, "left": 16, "right": 16}
+TEXT_PX = (
+    round((PAGE_MM[0] - MARGIN_MM["left"] - MARGIN_MM["right"]) * 96 / 25.4),
+    round((PAGE_MM[1] - MARGIN_MM["top"] - MARGIN_MM["bottom"]) * 96 / 25.4),
+)
+# a block taller than this share of the text area may break across pages
+LONG = 1 / 3
+
 # Print layout: the page without the site's navigation, code that wraps
 # instead of running off the page, figures that fit, each chapter on a new
 # page. (The attention explorer hides itself in print: the static figure
@@ -62,8 +73,16 @@ body { font-size: 10.5pt; }
 pre, .highlight pre, .output pre {
   white-space: pre-wrap !important; word-break: break-word;
   font-size: 8.5pt; overflow: visible !important; max-height: none !important; }
-div.cell, .cell_output, pre, img, figure, table, mjx-container[display] {
-  break-inside: avoid; }
+/* a block shorter than LONG of a page moves whole to the next page; a
+   longer one (class pdf-long, set by MARK_LONG) breaks where the page ends,
+   at least three lines on each side, so that no page is left with a line of
+   code whose output starts overleaf; a cell's code stays with the first
+   lines of its output */
+div.cell, .cell_input, .cell_output, pre, img, figure, table,
+mjx-container[display] { break-inside: avoid; }
+.pdf-long { break-inside: auto !important; }
+pre { orphans: 3; widows: 3; }
+.cell_input { break-after: avoid; }
 img { max-width: 100% !important; height: auto !important; }
 mjx-container { overflow: visible !important; }
 /* tabs: every tab's content, each under its own label (PREPARE copies the
@@ -163,6 +182,23 @@ PREPARE = """([title, subtitle]) => {
   return chapters.map(c => c.title);
 }"""
 
+# Runs in the page laid out at the printed width: marks each block taller
+# than `limit` pixels (see LONG) that a style keeps whole (this file's, or
+# the theme's, which keeps every highlighted block whole), so that it may
+# break across pages. Returns how many it marked.
+MARK_LONG = """limit => {
+  let marked = 0;
+  document.querySelectorAll('article div, article pre, article table, '
+    + 'article figure, article section, article details').forEach(e => {
+    if (getComputedStyle(e).breakInside.startsWith('avoid')
+        && e.getBoundingClientRect().height > limit) {
+      e.classList.add('pdf-long');
+      marked += 1;
+    }
+  });
+  return marked;
+}"""
+
 FOOTER = (
     '<div style="font-size: 8pt; width: 100%; text-align: center; '
     'color: #555;"><span class="pageNumber"></span></div>'
@@ -260,12 +296,7 @@ def print_pdf(page, out, footer=FOOTER, background=True):
         display_header_footer=True,
         header_template="<div></div>",
         footer_template=footer,
-        margin={
-            "top": "18mm",
-            "bottom": "20mm",
-            "left": "16mm",
-            "right": "16mm",
-        },
+        margin={side: f"{mm}mm" for side, mm in MARGIN_MM.items()},
         outline=True,
         tagged=True,
     )
@@ -306,6 +337,8 @@ def build(out=PDF):
         page.emulate_media(media="print")
         page.add_style_tag(content=PRINT_CSS)
         titles = page.evaluate(PREPARE, [config["title"], subtitle])
+        page.set_viewport_size({"width": TEXT_PX[0], "height": TEXT_PX[1]})
+        page.evaluate(MARK_LONG, LONG * TEXT_PX[1])
         print_pdf(page, out)
         printed = time.monotonic()
         pages = chapter_pages(out, titles)

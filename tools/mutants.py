@@ -14,8 +14,11 @@ module), one ``[[mutant]]`` table each::
     tests = ["tests/test_shared_modules.py"]
 
 `find` must occur exactly once in the file (for a notebook: in its code
-cells, each cell matched on its own), else the mutant is INVALID: neither
-caught nor missed, and the run fails. A mutant is CAUGHT when pytest reports
+cells, each cell matched on its own), and the test files a mutant names must
+exist, else the mutant is INVALID: the run names it, and why, and stops
+before running anything (exit status 2). tests/test_mutants_tool.py makes
+the same check in `make test`, so a change that strands a mutant fails
+there. A mutant is CAUGHT when pytest reports
 a failure (exit status 1; a hang past --timeout counts as caught too), and
 MISSED when the tests pass.
 
@@ -46,6 +49,7 @@ Usage::
 
 import argparse
 import ast
+import functools
 import json
 import os
 import queue
@@ -104,6 +108,7 @@ class Mutant:
     replace: str
     description: str
     tests: list = field(default_factory=list)
+    source: str = ""  # the TOML file that lists it (from the repository)
 
 
 @dataclass
@@ -131,6 +136,8 @@ def load_mutant_file(path, seen):
     if unknown:
         raise ValueError(f"{path.name}: unknown top-level keys {unknown}")
     mutants = []
+    path = path.resolve()
+    source = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     for i, entry in enumerate(data.get("mutant", [])):
         missing = {"id", "file", "find", "replace", "description"} - set(entry)
         extra = set(entry) - FIELDS
@@ -144,7 +151,7 @@ def load_mutant_file(path, seen):
         if entry["find"] == entry["replace"]:
             raise ValueError(f"{path.name}: {entry['id']}: replace == find")
         seen.add(entry["id"])
-        mutants.append(Mutant(**entry))
+        mutants.append(Mutant(**entry, source=str(source)))
     return mutants
 
 
@@ -155,6 +162,13 @@ def code_cells(notebook):
     return [c for c in notebook["cells"] if c["cell_type"] == "code"]
 
 
+@functools.lru_cache(maxsize=4)
+def code_sources(text):
+    """The source of each code cell of a notebook's text (kept for the next
+    mutant of the same notebook: parsing a notebook is the slow part)."""
+    return tuple("".join(c["source"]) for c in code_cells(json.loads(text)))
+
+
 def count_matches(root, mutant):
     """How often `find` occurs in the file (a notebook: in its code cells)."""
     path = root / mutant.file
@@ -163,10 +177,38 @@ def count_matches(root, mutant):
     text = path.read_text(encoding="utf-8")
     if path.suffix != ".ipynb":
         return text.count(mutant.find)
-    return sum(
-        "".join(cell["source"]).count(mutant.find)
-        for cell in code_cells(json.loads(text))
+    return sum(source.count(mutant.find) for source in code_sources(text))
+
+
+def invalid(mutants, root=ROOT):
+    """(mutant, why) for each mutant that cannot be planted as listed: its
+    `find` does not occur exactly once in its file, or a test file it names
+    does not exist."""
+    found = []
+    for m in sorted(mutants, key=lambda m: m.file):  # one parse per notebook
+        n = count_matches(root, m)
+        if n != 1:
+            where = (
+                m.file
+                if (root / m.file).is_file()
+                else f"{m.file} (no such file)"
+            )
+            found.append((m, f"`find` occurs {n} times in {where}"))
+        missing = [t for t in m.tests if not (root / t).is_file()]
+        if missing:
+            found.append((m, f"no test file {', '.join(missing)}"))
+    return found
+
+
+def describe_invalid(found):
+    """The lines that name each invalid mutant, its TOML file and why."""
+    lines = [f"INVALID {m.id} ({m.source}): {why}" for m, why in found]
+    lines.append(
+        f"{len(found)} planted bug(s) no longer apply: update their `find` "
+        "(or tests) to the code as it is now; "
+        "`python tools/mutants.py --list` checks them all."
     )
+    return lines
 
 
 def patched_text(text, suffix, mutant):
@@ -221,6 +263,7 @@ def chapter_tests(root, notebook):
     )
 
 
+@functools.cache  # the files it reads are never patched
 def module_tests(root, module):
     """The tests of a shared module book/<module>.py: the test files that
     import it first (they are the quickest to fail), then those of every
@@ -429,16 +472,17 @@ def report(results, seconds, jobs):
 
 
 def list_mutants(mutants):
-    ok = True
     for m in mutants:
         n = count_matches(ROOT, m)
         valid = "ok" if n == 1 else f"INVALID ({n} matches)"
-        ok &= n == 1
         tests = ", ".join(Path(t).name for t in tests_for(ROOT, m))
         print(f"{m.id:<28} {m.file:<34} {valid}\n    {m.description}")
         print(f"    tests: {tests}")
     print(f"\n{len(mutants)} mutants")
-    return ok
+    found = invalid(mutants)
+    if found:
+        print("\n".join(describe_invalid(found)))
+    return not found
 
 
 def main(argv=None):
@@ -475,6 +519,11 @@ def main(argv=None):
     mutants = select(load_mutants(args.file), args.only)
     if args.list:
         return 0 if list_mutants(mutants) else 1
+    found = invalid(mutants)
+    if found:  # stop before the baseline: minutes saved, no mutant judged
+        print("\n".join(describe_invalid(found)))
+        print("No mutant was run.")
+        return 2
 
     start = time.perf_counter()
     env = environment(args.jobs)
