@@ -20,8 +20,11 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-reorder)
 # Each worker's kernels get their share of the cores: N workers that each
 # start one math thread per core would oversubscribe the machine, and
-# OpenMP threads waiting for a core slow small operations tenfold. (Speed
-# only: make test-portable proves that no digit depends on the thread count.)
+# OpenMP threads waiting for a core slow small operations: with two spinning
+# threads chapter 8 took 63.6 s against 16.1 s on one thread, its cell of
+# many small tensors 44.7 s against 9.1 s, 4 to 5 times as long (a shared
+# 2-core Xeon; tools/test_portable.py). (Speed only: make test-portable
+# proves that no digit depends on the thread count.)
 SHARE := OMP_NUM_THREADS=$(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(JOBS) )); [ $$n -lt 1 ] && n=1; echo $$n)
 SHARE += MKL_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
 SHARE += OPENBLAS_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
@@ -137,8 +140,10 @@ outputs: $(STAMP)
 	$(BIN)/python tools/refresh_outputs.py $(NB)
 
 # Chapter 8's measurements: median time, GFLOP/s and peak extra memory of
-# each attention program for T = 256 ... 4096 (a few minutes; run it on a
-# quiet machine, then `make outputs NB=book/08_efficient_attention.ipynb`);
+# each attention program for T = 256 ... 4096 (about 20 minutes with its
+# tile sweep on 2026-11-27, 2-core AMD EPYC, helpers on the machine: see
+# CONTRIBUTING.md; run it on a quiet machine, then
+# `make outputs NB=book/08_efficient_attention.ipynb`);
 # then chapter 7's training times (printed only); chapter 10's training and
 # generation times (tools/bench_gpt.py); chapter 11's prefill, decode,
 # bandwidth, per-operation, matmul-ceiling and generation times
@@ -168,7 +173,9 @@ train-gpt: $(STAMP)
 
 # Chapter 11's losses past the training length, with attention sinks and with
 # an 8-bit cache, from chapter 10's stored weights (41 s of CPU, user and
-# system, one thread, measured once with /usr/bin/time; not stored): book/data/long_context.csv. Part of `make train`: it changes only
+# system, one thread, measured once with /usr/bin/time on 2026-11-26 on the
+# 2-core AMD EPYC; not stored): book/data/long_context.csv. Part of
+# `make train`: it changes only
 # when train-gpt changes the weights, and it times nothing.
 .PHONY: long-context
 long-context: $(STAMP)
@@ -213,8 +220,9 @@ train-sentiment: $(STAMP)
 # like chapter 10's GPT in a process of its own on one thread, JOBS_TRAIN at
 # a time (tools/train_variants.py): weights in book/data/variants/, the log
 # and a summary with each model's CPU and wall seconds in book/data/.
-# Measured once, 2 jobs on 2 cores shared with other work: 945 s of CPU for
-# the ten models (75-151 s each; variants_train.csv).
+# Measured once, on 2026-11-26 on the 2-core AMD EPYC, 2 jobs on 2 cores
+# shared with other work: 945 s of CPU for the ten models (75-151 s each;
+# book/data/variants_train.csv).
 JOBS_TRAIN ?= 2
 .PHONY: train-variants
 train-variants: $(STAMP)

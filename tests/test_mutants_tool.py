@@ -142,8 +142,9 @@ def test_mutant_list_is_checked(tmp_path, toml, message):
 
 def test_every_planted_bug_still_applies():
     """`tools/mutants.py --list`'s check (each `find` occurs exactly once in
-    its file, each named test file exists), in a second, so that the change
-    that strands a mutant fails, not the next `make mutants` run."""
+    its file, each named test file exists, each mutant has a test file to
+    run), in seconds, so that the change that strands a mutant fails, not
+    the next `make mutants` run."""
     mutants = load_mutants()
     assert len(mutants) >= 100  # the folder was read
     stranded = [f"{m.id} ({m.source}): {why}" for m, why in invalid(mutants)]
@@ -173,3 +174,22 @@ def test_an_invalid_mutant_stops_the_run_before_it_starts(tmp_path, capsys):
     assert f"INVALID lost-test ({path}): no test file" in out
     assert "No mutant was run." in out
     assert "Baseline" not in out
+
+
+def test_a_mutant_no_test_runs_is_invalid_before_the_run(tmp_path):
+    """A module that no test file imports, directly or through a chapter,
+    gives a mutant no test to run: `invalid` names it up front (so the run
+    stops before it starts), not only the run itself."""
+    book, tests = tmp_path / "book", tmp_path / "tests"
+    book.mkdir()
+    tests.mkdir()
+    (book / "lonely.py").write_text("x = 1\n")
+    (book / "used.py").write_text("y = 2\n")
+    (tests / "test_used.py").write_text("import used\n")
+    lonely = mutant("book/lonely.py", "x = 1")
+    used = mutant("book/used.py", "y = 2")
+    assert runner.tests_for(tmp_path, lonely) == []
+    found = invalid([lonely, used], root=tmp_path)
+    assert [(m.file, why) for m, why in found] == [
+        ("book/lonely.py", "no test file runs it: name its `tests`")
+    ]

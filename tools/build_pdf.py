@@ -11,8 +11,10 @@
    cell whose code a tab shows is left out, so no code is printed twice),
    and prints it to PDF with page numbers and a bookmark outline.
    The contents' page numbers are found in the printed PDF (pypdf) and
-   stamped onto its contents page: a one-page print of the same layout
-   that shows only the numbers, merged onto page 2.
+   stamped onto its contents page: the same layout printed again up to the
+   end of the contents (the title page and the contents, every text hidden
+   but the page numbers), and its page 2 merged onto the book's page 2 (the
+   contents fill one page: tests/test_pdf.py finds every title there).
 
 Usage: python tools/build_pdf.py [--out PATH]
 Needs: Debian's chromium (apt-get install chromium); nothing is downloaded.
@@ -312,6 +314,12 @@ def stamp_contents_page(out, numbers):
         writer.write(f)
 
 
+def shown(path):
+    """How the log names `path`: relative to the repository when inside it,
+    else as given (`--out` may point anywhere)."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def build(out=PDF):
     if site_browser.chromium_binary() is None:
         raise SystemExit(
@@ -362,7 +370,7 @@ def build(out=PDF):
 
     n = len(PdfReader(out).pages)
     print(
-        f"build_pdf: {out.relative_to(ROOT)}: {n} pages, "
+        f"build_pdf: {shown(out)}: {n} pages, "
         f"{out.stat().st_size / 1e6:.1f} MB (HTML {built - started:.0f} s, "
         f"page and math {typeset - built:.0f} s, print "
         f"{printed - typeset:.0f} s, pages found {found - printed:.0f} s, "

@@ -14,8 +14,9 @@ module), one ``[[mutant]]`` table each::
     tests = ["tests/test_shared_modules.py"]
 
 `find` must occur exactly once in the file (for a notebook: in its code
-cells, each cell matched on its own), and the test files a mutant names must
-exist, else the mutant is INVALID: the run names it, and why, and stops
+cells, each cell matched on its own), the test files a mutant names must
+exist, and a mutant that names none must have default ones (below), else
+the mutant is INVALID: the run names it, and why, and stops
 before running anything (exit status 2). tests/test_mutants_tool.py makes
 the same check in `make test`, so a change that strands a mutant fails
 there. A mutant is CAUGHT when pytest reports
@@ -181,22 +182,22 @@ def count_matches(root, mutant):
 
 
 def invalid(mutants, root=ROOT):
-    """(mutant, why) for each mutant that cannot be planted as listed: its
-    `find` does not occur exactly once in its file, or a test file it names
-    does not exist."""
+    """(mutant, why) for each mutant that cannot be planted or judged as
+    listed: its `find` does not occur exactly once in its file, a test file
+    it names does not exist, or it names none and the default ones (see
+    `tests_for`) are none."""
     found = []
     for m in sorted(mutants, key=lambda m: m.file):  # one parse per notebook
         n = count_matches(root, m)
+        exists = (root / m.file).is_file()
         if n != 1:
-            where = (
-                m.file
-                if (root / m.file).is_file()
-                else f"{m.file} (no such file)"
-            )
+            where = m.file if exists else f"{m.file} (no such file)"
             found.append((m, f"`find` occurs {n} times in {where}"))
         missing = [t for t in m.tests if not (root / t).is_file()]
         if missing:
             found.append((m, f"no test file {', '.join(missing)}"))
+        elif exists and not tests_for(root, m):
+            found.append((m, "no test file runs it: name its `tests`"))
     return found
 
 
@@ -263,27 +264,34 @@ def chapter_tests(root, notebook):
     )
 
 
-@functools.cache  # the files it reads are never patched
+@functools.cache  # the files it reads are never patched when it reads them
+def import_table(root):
+    """What each book/ module, test file and notebook under `root` imports,
+    read once (`invalid` asks for every mutant's tests)."""
+    book = root / "book"
+    return (
+        {p.stem: imported_modules(p) for p in book.glob("*.py")},
+        {p: imported_modules(p) for p in sorted(root.glob("tests/test_*.py"))},
+        {p: imported_modules(p) for p in sorted(book.glob("*.ipynb"))},
+    )
+
+
+@functools.cache
 def module_tests(root, module):
     """The tests of a shared module book/<module>.py: the test files that
     import it first (they are the quickest to fail), then those of every
     chapter that imports it, directly or through another book/ module."""
-    book = root / "book"
-    modules = {p.stem: imported_modules(p) for p in book.glob("*.py")}
+    modules, test_files, notebooks = import_table(root)
     users = {module}  # the module and every book/ module that uses it
     while True:
         more = {m for m, imports in modules.items() if imports & users}
         if more <= users:
             break
         users |= more
-    direct = [
-        p
-        for p in sorted(root.glob("tests/test_*.py"))
-        if imported_modules(p) & users
-    ]
+    direct = [p for p, imports in test_files.items() if imports & users]
     chapters = []
-    for notebook in sorted(book.glob("*.ipynb")):
-        if imported_modules(notebook) & users:
+    for notebook, imports in notebooks.items():
+        if imports & users:
             chapters += [
                 p for p in chapter_tests(root, notebook) if p not in direct
             ]
