@@ -130,8 +130,8 @@ def check_medians(medians):
                 f"integers >= 1, got {tile!r}"
             )
     if not all(
-        isinstance(r, numbers.Real) and math.isfinite(r) and r > 0
-        for r in medians.values()
+        isinstance(x, numbers.Real) and math.isfinite(x) and x > 0
+        for x in medians.values()
     ):
         raise ValueError("every median ratio must be a positive number")
 
@@ -143,7 +143,7 @@ def choose_tile(medians, within=0.01):
     buffer B_r B_c (on a tie in size, the higher median)."""
     check_medians(medians)
     best = max(medians.values())
-    near = [tile for tile, r in medians.items() if r >= best - within]
+    near = [tile for tile, x in medians.items() if x >= best - within]
     B_r, B_c = min(near, key=lambda t: (t[0] * t[1], -medians[t]))
     return [B_r, B_c]
 
