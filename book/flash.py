@@ -67,11 +67,30 @@ def check_torch(Q, K, V):
         raise ValueError("Q, K or V contains NaN or infinite values")
 
 
+def check_schedule(T_q, T_k, causal, offset):
+    """Raise ValueError unless T_q >= 0 and T_k >= 0 are integers, with a
+    key if there is a query, causal is True or False and the offset an
+    integer >= 0."""
+    for name, length in (("T_q", T_q), ("T_k", T_k)):
+        if (
+            not isinstance(length, numbers.Integral)
+            or isinstance(length, bool)
+            or length < 0
+        ):
+            raise ValueError(f"{name} must be an integer >= 0, got {length!r}")
+    if T_k == 0 and T_q > 0:
+        raise ValueError("attention needs at least one key: T_k = 0")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    check_offset(offset)
+
+
 def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
     """List of tiles (i0, i1, j0, j1, needs_mask) that tiled attention computes.
 
     causal: query i sees keys 0 .. i + offset (offset T_k - T_q: bottom-right).
     """
+    check_schedule(T_q, T_k, causal, offset)
     for name, size in (("B_r", B_r), ("B_c", B_c)):
         if (
             not isinstance(size, numbers.Integral)
@@ -92,17 +111,39 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
     return tiles
 
 
+def check_medians(medians):
+    """Raise ValueError unless medians maps tiles (B_r, B_c), two integers
+    >= 1, to positive finite ratios, and holds at least one."""
+    if not isinstance(medians, dict) or not medians:
+        raise ValueError("the sweep holds no tile: medians must be a dict")
+    for tile in medians:
+        if not (
+            isinstance(tile, tuple)
+            and len(tile) == 2
+            and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                for n in tile
+            )
+        ):
+            raise ValueError(
+                f"every key of medians must be a tile (B_r, B_c) of two "
+                f"integers >= 1, got {tile!r}"
+            )
+    if not all(
+        isinstance(x, numbers.Real) and math.isfinite(x) and x > 0
+        for x in medians.values()
+    ):
+        raise ValueError("every median ratio must be a positive number")
+
+
 def choose_tile(medians, within=0.01):
     """The tile [B_r, B_c] chosen from a sweep: medians maps (B_r, B_c) to
     the median ratio SDPA time / our time. Medians within `within` of the
     best count as tied with it: of those tiles, the one with the smallest
     buffer B_r B_c (on a tie in size, the higher median)."""
-    if not medians:
-        raise ValueError("the sweep holds no tile")
-    if not all(math.isfinite(r) and r > 0 for r in medians.values()):
-        raise ValueError("every median ratio must be a positive number")
+    check_medians(medians)
     best = max(medians.values())
-    near = [tile for tile, r in medians.items() if r >= best - within]
+    near = [tile for tile, x in medians.items() if x >= best - within]
     B_r, B_c = min(near, key=lambda t: (t[0] * t[1], -medians[t]))
     return [B_r, B_c]
 
@@ -115,16 +156,17 @@ LEVERS = {"base2": True, "inside": True, "ones": False, "lazy": True}
 
 
 def augment(Q, K, V, base2=True, ones=True):
-    """[c Q / sqrt(d_k), -r] (BH, T_q, d_k+1), [K^T; 1], [V, 1] if ones else V."""
+    """[log2e Q / sqrt(d_k), -r] (BH, T_q, d_k+1), [K^T; 1], [V, 1] if ones else V."""
     (T_q, d_k), T_k, d_v = Q.shape[-2:], K.shape[-2], V.shape[-1]
-    c = math.log2(math.e) if base2 else 1.0  # 2 ** (c x) == exp(x)
-    Q_aug = torch.empty(math.prod(Q.shape[:-2]), T_q, d_k + 1, dtype=Q.dtype)
-    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * (c / math.sqrt(d_k))
-    Kt_aug = torch.ones(Q_aug.shape[0], d_k + 1, T_k, dtype=K.dtype)
-    Kt_aug[:, :d_k] = K.reshape(-1, T_k, d_k).transpose(1, 2)
+    BH = math.prod(Q.shape[:-2])  # batch and heads in one axis
+    log2e = math.log2(math.e) if base2 else 1.0  # 2 ** (log2e x) == exp(x)
+    Q_aug = torch.empty(BH, T_q, d_k + 1, dtype=Q.dtype)
+    Q_aug[..., :d_k] = Q.reshape(BH, T_q, d_k) * (log2e / math.sqrt(d_k))
+    Kt_aug = torch.ones(BH, d_k + 1, T_k, dtype=K.dtype)
+    Kt_aug[:, :d_k] = K.reshape(BH, T_k, d_k).transpose(1, 2)
     Q_aug[..., d_k:] = -(Q_aug[..., :d_k] @ Kt_aug[:, :d_k, :1])  # -r_i
-    V_aug = torch.ones(Q_aug.shape[0], T_k, d_v + ones, dtype=V.dtype)
-    V_aug[..., :d_v] = V.reshape(-1, T_k, d_v)
+    V_aug = torch.ones(BH, T_k, d_v + ones, dtype=V.dtype)
+    V_aug[..., :d_v] = V.reshape(BH, T_k, d_v)
     return Q_aug, Kt_aug, V_aug
 
 
@@ -211,18 +253,23 @@ def check_fast(Q, K, V, levers, offset=0):
     """check_torch, plus: levers names only known changes, with True/False;
     the causal offset is an integer >= 0 (every query sees key 0)."""
     check_torch(Q, K, V)
-    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
-        raise ValueError(f"offset must be an integer, got {offset!r}")
-    if offset < 0:
-        raise ValueError(
-            f"offset {offset} < 0: the first queries would see no key"
-        )
+    check_offset(offset)
     levers = {} if levers is None else levers
     if not isinstance(levers, dict) or not set(levers) <= set(LEVERS):
         raise ValueError(f"levers must be a dict with keys from {set(LEVERS)}")
     if not all(isinstance(on, bool) for on in levers.values()):
         raise ValueError("every entry of levers must be True or False")
     return {**LEVERS, **levers}
+
+
+def check_offset(offset):
+    """Raise ValueError unless the causal offset is an integer >= 0."""
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
+        raise ValueError(f"offset must be an integer, got {offset!r}")
+    if offset < 0:
+        raise ValueError(
+            f"offset {offset} < 0: the first queries would see no key"
+        )
 
 
 def flash_backward(
@@ -240,27 +287,28 @@ def flash_backward(
     ablation) instead of folding them into the products as extra columns;
     base2 computes each weight as 2 ** (log2e (e_ij - lse_i)), log2e = log2(e).
     """
+    check_backward(Q, K, V, C, lse, dC, inside, base2)
     tile = FAST_TILE["causal" if causal else "no mask"]  # unless given
     B_r = tile[0] if B_r is None else B_r
     B_c = tile[1] if B_c is None else B_c
     tiles = tile_schedule(Q.shape[-2], K.shape[-2], B_r, B_c, causal, offset)
     (T_q, d_k), (T_k, d_v), dtype = Q.shape[-2:], V.shape[-2:], Q.dtype
-    dC3 = dC.reshape(-1, T_q, d_v)  # (BH, T_q, d_v)
-    BH = dC3.shape[0]
+    BH = math.prod(Q.shape[:-2])  # batch and heads in one axis
+    dC3 = dC.reshape(BH, T_q, d_v)
     # log2e [q_i / sqrt(d_k), -lse_i] . [k_j, 1] = log2e (e_ij - lse_i)
     log2e = math.log2(math.e) if base2 else 1.0  # 1.0: exp, not exp2
     Q_aug = torch.empty(BH, T_q, d_k + 1, dtype=dtype)
-    Q_aug[..., :d_k] = Q.reshape(-1, T_q, d_k) * (log2e * d_k**-0.5)
-    Q_aug[..., d_k] = -log2e * lse.reshape(-1, T_q)
+    Q_aug[..., :d_k] = Q.reshape(BH, T_q, d_k) * (log2e * d_k**-0.5)
+    Q_aug[..., d_k] = -log2e * lse.reshape(BH, T_q)
     Kt_aug = torch.ones(BH, d_k + 1, T_k, dtype=dtype)
-    Kt_aug[:, :d_k] = K.reshape(-1, T_k, d_k).transpose(1, 2)
-    K3 = K.reshape(-1, T_k, d_k)  # (BH, T_k, d_k)
+    Kt_aug[:, :d_k] = K.reshape(BH, T_k, d_k).transpose(1, 2)
+    K3 = K.reshape(BH, T_k, d_k)
     # [dc_i, -Delta_i] . [v_j, 1] = dA_ij - Delta_i, Delta_i = dc_i . c_i
     dC_aug = torch.empty(BH, T_q, d_v + 1, dtype=dtype)
     dC_aug[..., :d_v] = dC3
-    dC_aug[..., d_v] = -(dC3 * C.reshape(-1, T_q, d_v)).sum(dim=-1)
+    dC_aug[..., d_v] = -(dC3 * C.reshape(BH, T_q, d_v)).sum(dim=-1)
     Vt_aug = torch.ones(BH, d_v + 1, T_k, dtype=dtype)
-    Vt_aug[:, :d_v] = V.reshape(-1, T_k, d_v).transpose(1, 2)
+    Vt_aug[:, :d_v] = V.reshape(BH, T_k, d_v).transpose(1, 2)
     Kt3, Vt3 = Kt_aug[:, :d_k], Vt_aug[:, :d_v]  # without the ones
     dQ = torch.zeros(BH, T_q, d_k, dtype=dtype)
     dK = torch.zeros(BH, T_k, d_k, dtype=dtype)  # keys no query sees: 0
@@ -304,6 +352,36 @@ def flash_backward(
     )
 
 
+def check_backward(Q, K, V, C, lse, dC, inside, base2):
+    """ValueError unless flash_backward's tensors fit: Q, K, V as for
+    fast_attention (shapes, floating point; not checked for NaN again),
+    C and dC (..., T_q, d_v) and lse (..., T_q), all of one dtype; inside
+    and base2 True or False (causal and the offset: in tile_schedule)."""
+    tensors = {"Q": Q, "K": K, "V": V, "C": C, "lse": lse, "dC": dC}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch tensor")
+    check_qkv(Q, K, V)
+    if not Q.is_floating_point():
+        raise ValueError(f"Q, K and V must be floating point, got {Q.dtype}")
+    output = (*Q.shape[:-1], V.shape[-1])  # (..., T_q, d_v)
+    for name, t, shape in (
+        ("C", C, output),
+        ("dC", dC, output),
+        ("lse", lse, Q.shape[:-1]),
+    ):
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(
+                f"{name} must have shape {tuple(shape)} for these Q and V, got "
+                f"{tuple(t.shape)}"
+            )
+        if t.dtype != Q.dtype:
+            raise ValueError(f"{name} is {t.dtype}, Q is {Q.dtype}: one dtype")
+    for name, flag in (("inside", inside), ("base2", base2)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+
+
 class FlashAttention(torch.autograd.Function):
     """Attention whose forward is fast_attention and whose backward is
     flash_backward: it saves Q, K, V, the output C and the log-sum-exp (one
@@ -338,20 +416,26 @@ def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
     every key (torch.nn.attention.bias.causal_lower_right; a prefill after
     T_k - T_q cached tokens). B_r, B_c: the tiles (default FAST_TILE).
     """
-    offset = check_causal(Q, K, causal)
+    offset = check_causal(Q, K, V, causal)
     return FlashAttention.apply(Q, K, V, bool(causal), offset, B_r, B_c)
 
 
-def check_causal(Q, K, causal):
+def check_causal(Q, K, V, causal):
     """The offset of the causal diagonal; ValueError for an unknown mask or
-    a bottom-right mask under which the first queries would see no key."""
-    if not isinstance(causal, bool) and causal not in CAUSAL_MASKS:
+    a bottom-right mask under which the first queries would see no key
+    (after the shapes' checks: it reads T_q and T_k)."""
+    if not isinstance(causal, bool) and not (
+        isinstance(causal, str) and causal in CAUSAL_MASKS
+    ):
         raise ValueError(
             f"causal must be False, True, 'top-left' or 'bottom-right', "
             f"got {causal!r}"
         )
     if causal != "bottom-right":
         return 0
+    if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
+        raise ValueError("Q, K and V must be torch tensors")
+    check_qkv(Q, K, V)  # T_q and T_k exist
     T_q, T_k = Q.shape[-2], K.shape[-2]
     if T_q > T_k:
         raise ValueError(
@@ -365,6 +449,8 @@ def saved_bytes(fn, *args, **kwargs):
     """Run fn(*args, **kwargs); the memory autograd keeps for its backward:
     (the bytes of every storage it saves, each storage once, however many
     views of it are saved; the shape of the first tensor saved from each)."""
+    if not callable(fn):
+        raise ValueError(f"fn must be a function to run, got {fn!r}")
     saved = {}
 
     def pack(t):

@@ -77,6 +77,101 @@ def check_positive_int(value, name):
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def check_floats(**tensors):
+    """Raise ValueError unless every tensor given (by name) is a floating-
+    point torch tensor with finite entries, all of one dtype."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            got = getattr(t, "dtype", type(t).__name__)
+            raise ValueError(
+                f"{name} must be a floating-point torch tensor, got {got}"
+            )
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) > 1:
+        got = ", ".join(f"{name} {t.dtype}" for name, t in tensors.items())
+        raise ValueError(f"mixed dtypes: {got}; convert them to one")
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
+
+
+def check_shape(t, name, **sizes):
+    """Raise ValueError unless t has one axis per named size, of that size
+    (None: any), e.g. check_shape(V, "V", B=2, H=3, T=9, d_v=None)."""
+    fits = t.dim() == len(sizes) and all(
+        n is None or n == got for n, got in zip(sizes.values(), t.shape)
+    )
+    if not fits:
+        names = ", ".join(sizes)
+        want = ", ".join(
+            "any" if n is None else str(n) for n in sizes.values()
+        )
+        raise ValueError(
+            f"{name} must have shape ({names}) = ({want}), got "
+            f"{tuple(t.shape)}"
+        )
+
+
+def check_heads_inputs(Q, K, V, gates=None, state=None):
+    """Raise ValueError unless the inputs of the linear-attention functions
+    fit: Q, K (B, H, T, d_k), V (B, H, T, d_v), the gates (a dict, name:
+    (B, H, T)), the decay gate alpha in [0, 1], and the state (a
+    dict, name: tensor or None: S (B, H, d_k, d_v), z (B, H, d_k)), all
+    floating point, finite, of one dtype. Returns (B, H, T, d_k, d_v)."""
+    gates = gates or {}
+    state = {n: s for n, s in (state or {}).items() if s is not None}
+    check_floats(Q=Q, K=K, V=V, **gates, **state)
+    if Q.dim() != 4:
+        raise ValueError(
+            f"Q must have shape (B, H, T, d_k), got {tuple(Q.shape)}"
+        )
+    B, H, T, d_k = Q.shape
+    check_shape(K, "K", B=B, H=H, T=T, d_k=d_k)
+    check_shape(V, "V", B=B, H=H, T=T, d_v=None)
+    d_v = V.shape[-1]
+    for name, g in gates.items():
+        check_shape(g, name, B=B, H=H, T=T)
+    alpha = gates.get("alpha")
+    if alpha is not None and not ((alpha >= 0) & (alpha <= 1)).all():
+        raise ValueError("the decay gate alpha must lie in [0, 1]")
+    if "S" in state:
+        check_shape(state["S"], "the state S", B=B, H=H, d_k=d_k, d_v=d_v)
+    if "z" in state:
+        check_shape(state["z"], "the normaliser z", B=B, H=H, d_k=d_k)
+    return B, H, T, d_k, d_v
+
+
+def check_x(x, layer):
+    """Raise ValueError unless x is (B, T, d) in the layer's width d and
+    dtype (those of its output projection)."""
+    weight = layer.out_proj.weight  # (d, d)
+    d = weight.shape[0]
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
+        raise ValueError(
+            f"{type(layer).__name__} takes x of shape (B, T, d = {d}), "
+            f"got {got}"
+        )
+    if x.dtype != weight.dtype:
+        raise ValueError(
+            f"x is {x.dtype}, the layer's weights are {weight.dtype}: "
+            f"convert one to the other"
+        )
+
+
+def check_batch(held, new, what="the cache"):
+    """Raise ValueError unless `held` (a tensor a cache or an earlier layer
+    holds; None: nothing yet) has as many sequences (axis 0) as `new`, in
+    its dtype."""
+    if held is None:
+        return
+    if held.shape[0] != new.shape[0] or held.dtype != new.dtype:
+        raise ValueError(
+            f"{what} holds {held.shape[0]} sequences of {held.dtype}, this "
+            f"call has {new.shape[0]} of {new.dtype}: one cache per batch"
+        )
+
+
 class GrowingCache(Cache):
     """A cache that keeps one row per token of each of its tensors (token
     axis -2) and grows by T rows per update; it keeps every token, so any
@@ -94,6 +189,7 @@ class GrowingCache(Cache):
         if self.tensors is None:
             self.tensors = new
         else:
+            check_batch(self.tensors[0], new[0])
             self.tensors = tuple(
                 torch.cat([old, x], dim=-2)
                 for old, x in zip(self.tensors, new)
@@ -138,9 +234,11 @@ class MultiHeadLatentAttention(nn.Module):
     per token, eq. 9) by W_UK and W_UV (eqs. 10-11); a rotary key k_R =
     RoPE(W_KR h) of size d_R is shared by the heads (eq. 15) and joined to
     each head's key (eq. 17), a rotary query part to each query (eqs. 14,
-    16); the scale is sqrt(d_h + d_R) (eq. 18). Queries come from h
-    directly: the compression of queries (eqs. 12-13) only saves
-    activation memory in training, and is left out.
+    16); the scale is sqrt(d_h + d_R) (eq. 18). Three departures from
+    DeepSeek-V2: queries come from h directly (the compression of queries,
+    eqs. 12-13, only saves activation memory in training); no RMSNorm
+    after the latent (section 3.1.2 adds one); and W_DKV, W_KR, W_O and
+    the query projections have biases (DeepSeek's have none).
 
     RoPE is never applied to the rebuilt keys: a rotation between W_UK and
     the query would depend on the key's position, so W_UK could not be
@@ -168,6 +266,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
+        check_x(x, self)
         B, T, _ = x.shape
         H, d_h, d_R = self.H, self.d_h, self.d_R
         pos_q = next_positions(cache, T)
@@ -265,6 +364,7 @@ class CrossLayerAttention(RotarySelfAttention):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
+        check_x(x, self)
         B, T, _ = x.shape
         pos_q = next_positions(cache, T)
         if self.source is None:
@@ -272,20 +372,29 @@ class CrossLayerAttention(RotarySelfAttention):
             pos_k = pos_q
             if cache is not None:
                 check_cache(cache, KVCache, self)
+                check_batch(cache.K, x)
                 K, V, pos_k = cache.update(K, V)
             self.store[self.layer] = K, V, pos_k  # for the layers sharing
         else:
             q = self.in_proj(x).view(B, T, self.H, self.d_k).transpose(1, 2)
             Q = rotary(q, pos_q)
+            if self.source not in self.store:
+                raise ValueError(
+                    f"layer {self.source} has not run yet: run the layers "
+                    f"in order"
+                )
             K, V, pos_k = self.store[self.source]  # from this same call
+            check_batch(K, x, f"layer {self.source}'s keys")
             if cache is not None:
                 check_cache(cache, SharedCache, self)
                 cache.update(T)
-            if pos_k.max() != pos_q.max():
+            seen = T if cache is None else cache.length  # tokens so far
+            ends = int(pos_k.max()) + 1 if pos_k.numel() else 0
+            if ends != seen:
                 raise ValueError(
                     f"layer {self.source}'s keys end at position "
-                    f"{int(pos_k.max())}, this layer's queries at "
-                    f"{int(pos_q.max())}: run the layers in order"
+                    f"{ends - 1}, this layer's queries at {seen - 1}: run "
+                    f"the layers in order"
                 )
         mask = allowed_positions(pos_q, pos_k)
         if self.G != self.H:  # each key/value head serves H / G query heads
@@ -326,7 +435,11 @@ def cross_layer(d, H, share, G=None):
     store = {}  # keys and values of the current call, by layer
 
     def attention(i):
-        if not 0 <= i < len(share):
+        if (
+            isinstance(i, bool)
+            or not isinstance(i, int)
+            or not 0 <= i < len(share)
+        ):
             raise ValueError(
                 f"layer {i} does not exist in share, which has "
                 f"{len(share)} layers"
@@ -357,6 +470,7 @@ def linear_attention_parallel(Q, K, V):
     (B, H, T, d_k) and values V (B, H, T, d_v), all tokens at once
     (Katharopoulos et al. section 3.3): the masked phi(Q) phi(K)^T V,
     divided row by row by the masked phi(Q) phi(K)^T 1. (B, H, T, d_v)."""
+    check_heads_inputs(Q, K, V)
     A = (Q @ K.transpose(-2, -1)).tril()  # (B, H, T, T), key j <= query i
     return (A @ V) / A.sum(dim=-1, keepdim=True)
 
@@ -366,11 +480,12 @@ def linear_attention_recurrent(Q, K, V, state=None):
     (d_k, d_v) += phi(k) v^T and a normaliser z (d_k) += phi(k); the output
     is phi(q)^T S / phi(q)^T z. `state` (S, z) continues an earlier call;
     returns the outputs (B, H, T, d_v) and the new (S, z)."""
-    B, H, T, d_k = Q.shape
+    if state is not None and (not isinstance(state, tuple) or len(state) != 2):
+        raise ValueError("state must be None or a tuple (S, z)")
+    S, z = (None, None) if state is None else state
+    B, H, T, d_k, d_v = check_heads_inputs(Q, K, V, state={"S": S, "z": z})
     if state is None:
-        S, z = Q.new_zeros(B, H, d_k, V.shape[-1]), Q.new_zeros(B, H, d_k)
-    else:
-        S, z = state
+        S, z = Q.new_zeros(B, H, d_k, d_v), Q.new_zeros(B, H, d_k)
     outputs = []
     for t in range(T):
         q, k, v = Q[:, :, t], K[:, :, t], V[:, :, t]  # (B, H, d)
@@ -378,6 +493,8 @@ def linear_attention_recurrent(Q, K, V, state=None):
         z = z + k
         numerator = (q[..., None, :] @ S)[..., 0, :]  # (B, H, d_v)
         outputs.append(numerator / (q * z).sum(dim=-1, keepdim=True))
+    if T == 0:  # no token: no output, the state unchanged
+        return Q.new_zeros(B, H, 0, d_v), (S, z)
     return torch.stack(outputs, dim=2), (S, z)
 
 
@@ -389,9 +506,10 @@ def delta_rule_recurrent(Q, K, V, beta, alpha=None, S=None):
     and the decay gate alpha (B, H, T); alpha None: 1, the delta rule of
     Schlag et al. 2021. No normaliser z. `S` continues an earlier call;
     returns the outputs (B, H, T, d_v) and the new S."""
-    B, H, T, d_k = Q.shape
+    gates = {"beta": beta} if alpha is None else {"beta": beta, "alpha": alpha}
+    B, H, T, d_k, d_v = check_heads_inputs(Q, K, V, gates, {"S": S})
     if S is None:
-        S = Q.new_zeros(B, H, d_k, V.shape[-1])
+        S = Q.new_zeros(B, H, d_k, d_v)
     outputs = []
     for t in range(T):
         k, v = K[:, :, t, :, None], V[:, :, t, None, :]  # column, row
@@ -400,6 +518,8 @@ def delta_rule_recurrent(Q, K, V, beta, alpha=None, S=None):
         erased = S - b * k @ (k.transpose(-2, -1) @ S)  # (I - b k k^T) S
         S = a * erased + b * k @ v  # decay, then write
         outputs.append((Q[:, :, t, None, :] @ S)[..., 0, :])
+    if T == 0:  # no token: no output, the state unchanged
+        return Q.new_zeros(B, H, 0, d_v), S
     return torch.stack(outputs, dim=2), S
 
 
@@ -410,15 +530,21 @@ def delta_rule_parallel(Q, K, V, beta, alpha=None):
     (gamma_t / gamma_i) k_i u_i^T, where the written values u (B, H, T,
     d_v) solve u_i = beta_i (v_i - sum_{j<i} (gamma_i / gamma_j)
     (k_i . k_j) u_j), a triangular system; o_t = sum_{i<=t} (gamma_t /
-    gamma_i) (q_t . k_i) u_i."""
-    T = Q.shape[-2]
-    if alpha is None:
-        log_gamma = torch.zeros_like(beta)
-    else:
-        log_gamma = alpha.log().cumsum(dim=-1)  # (B, H, T)
+    gamma_i) (q_t . k_i) u_i. A decay of exactly 0 (a sigmoid that
+    underflowed) makes gamma_i / gamma_j = 0 for every j before it and i
+    from it on: such pairs are found by counting the zeros, since
+    log 0 - log 0 would be NaN."""
+    gates = {"beta": beta} if alpha is None else {"beta": beta, "alpha": alpha}
+    T = check_heads_inputs(Q, K, V, gates)[2]
+    alpha = torch.ones_like(beta) if alpha is None else alpha
+    zero = alpha == 0  # (B, H, T)
+    log_gamma = alpha.masked_fill(zero, 1.0).log().cumsum(dim=-1)  # no 0s
+    zeros = zero.cumsum(dim=-1)  # decays of 0 among alpha_1 ... alpha_t
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    no_zero = zeros[..., :, None] == zeros[..., None, :]  # none in (j, i]
+    kept = causal & no_zero
     gaps = log_gamma[..., :, None] - log_gamma[..., None, :]
-    decay = gaps.masked_fill(~causal, float("-inf")).exp()  # gamma_i/gamma_j
+    decay = gaps.masked_fill(~kept, float("-inf")).exp()  # gamma_i/gamma_j
     earlier = (K @ K.transpose(-2, -1) * decay).tril(-1)  # j < i only
     system = torch.eye(T, dtype=Q.dtype) + beta[..., None] * earlier
     u = torch.linalg.solve_triangular(system, beta[..., None] * V, upper=False)
@@ -520,6 +646,7 @@ class LinearAttention(nn.Module):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
+        check_x(x, self)
         B, T, _ = x.shape
         qkv = self.in_proj(x).view(B, T, 3, self.H, self.d_k)
         Q, K, V = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, d_k)
@@ -527,6 +654,7 @@ class LinearAttention(nn.Module):
         if cache is not None:
             check_cache(cache, StateCache, self)
             state = cache.state
+            check_batch(None if state is None else state[0], x)
         if self.rule == "linear":
             Q, K = self.phi(Q), self.phi(K)
             if cache is None:
@@ -559,11 +687,44 @@ class SparseCache(GrowingCache):
 def indexer_scores(q_I, w_I, k_I):
     """The lightning indexer's scores I[t, s] = sum_j w[t, j] ReLU(q[t, j]
     . k[s]) (DeepSeek-V3.2-Exp, equation 1, in the report's letters: s the
-    key, j the head; chapter 12 writes I_{t,j} and omega_{t,r}): queries
+    key, j the head; chapter 12 writes I_{t,j} and omega_{t,h}): queries
     q_I (B, T, H_I, d_I) and weights w_I (B, T, H_I) of H_I indexer heads,
     keys k_I (B, T_k, d_I) shared by them. Returns (B, T, T_k)."""
+    check_floats(q_I=q_I, w_I=w_I, k_I=k_I)
+    if q_I.dim() != 4:
+        raise ValueError(
+            f"q_I must have shape (B, T, H_I, d_I), got {tuple(q_I.shape)}"
+        )
+    B, T, H_I, d_I = q_I.shape
+    check_shape(w_I, "w_I", B=B, T=T, H_I=H_I)
+    check_shape(k_I, "k_I", B=B, T_k=None, d_I=d_I)
+    if k_I.shape[1] == 0 and T > 0:
+        raise ValueError("the indexer needs at least one key: k_I has none")
     dots = torch.einsum("btjd,bsd->btjs", q_I, k_I)  # (B, T, H_I, T_k)
     return torch.einsum("btj,btjs->bts", w_I, F.relu(dots))
+
+
+def check_allowed(scores, allowed):
+    """Raise ValueError unless scores is a floating-point (B, T, T_k)
+    tensor without NaN, with at least one key if it has a query, and
+    allowed a boolean mask of shape (T, T_k) or (B, T, T_k)."""
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        raise ValueError("scores must be a floating-point torch tensor")
+    if scores.dim() != 3 or (scores.shape[-1] == 0 and scores.shape[1] > 0):
+        raise ValueError(
+            f"scores must have shape (B, T, T_k) with T_k >= 1 keys, got "
+            f"{tuple(scores.shape)}"
+        )
+    if scores.isnan().any():
+        raise ValueError("scores contain NaN")
+    if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool:
+        raise ValueError("allowed must be a boolean torch tensor")
+    if tuple(allowed.shape) not in (scores.shape[1:], scores.shape):
+        raise ValueError(
+            f"allowed must have shape (T, T_k) = {tuple(scores.shape[1:])} "
+            f"or (B, T, T_k) = {tuple(scores.shape)}, got "
+            f"{tuple(allowed.shape)}"
+        )
 
 
 def top_k_mask(scores, allowed, k):
@@ -571,6 +732,7 @@ def top_k_mask(scores, allowed, k):
     among its allowed keys (all of them if it has fewer than k). Ties go
     to the earlier key (the smaller index): a stable descending sort."""
     check_positive_int(k, "k")
+    check_allowed(scores, allowed)
     scores = scores.masked_fill(~allowed, float("-inf"))
     order = scores.argsort(dim=-1, descending=True, stable=True)
     chosen = torch.zeros(scores.shape, dtype=torch.bool)
@@ -586,7 +748,20 @@ def indexer_kl(weights, scores, allowed):
     T_k): all causal keys in the dense warm-up, the selected ones in
     sparse training. The target p is detached: the loss trains only what the scores
     (B, T, T_k) depend on, the indexer alone when its input is detached."""
+    check_allowed(scores, allowed)
+    check_floats(weights=weights.detach())
+    B, T, T_k = scores.shape
+    check_shape(weights, "weights", B=B, H=None, T=T, T_k=T_k)
+    if weights.dtype != scores.dtype:
+        raise ValueError(
+            f"mixed dtypes: weights {weights.dtype}, scores {scores.dtype}"
+        )
     p = weights.detach().sum(dim=1) * allowed
+    if not (p.sum(dim=-1) > 0).all():
+        raise ValueError(
+            "a query has no weight on its allowed keys: p_t cannot be "
+            "normalised"
+        )
     p = p / p.sum(dim=-1, keepdim=True)
     log_q = scores.masked_fill(~allowed, float("-inf")).log_softmax(dim=-1)
     log_q = log_q.masked_fill(~allowed, 0.0)  # p is 0 there
@@ -629,6 +804,7 @@ class SparseAttention(RotarySelfAttention):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
+        check_x(x, self)
         B, T, _ = x.shape
         pos_q = next_positions(cache, T)
         Q, K, V = self.heads(x, pos_q)
@@ -720,6 +896,13 @@ def build_variant(name, vocab, **sizes):
     if name not in VARIANTS:
         raise ValueError(
             f"unknown variant {name!r}: choose one of {sorted(VARIANTS)}"
+        )
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"vocab must be an integer >= 1, got {vocab!r}")
+    if not set(sizes) <= {"d", "H", "layers", "d_ff"}:
+        unknown = sorted(set(sizes) - {"d", "H", "layers", "d_ff"})
+        raise ValueError(
+            f"unknown sizes {unknown}: build_variant takes d, H, layers, d_ff"
         )
     seed, kwargs = VARIANTS[name]
     kwargs = {"d": 64, "H": 4, "layers": 2, "d_ff": 256, **sizes, **kwargs}

@@ -1,17 +1,21 @@
 """Chapter 13's own code (book/13_tiled_backward.ipynb): `dense_backward`,
 the four equations with whole matrices, against autograd on shapes the
 chapter never prints; `naive` against SDPA; `draw_order`'s numbering of a
-schedule against the schedule itself."""
+schedule against the schedule itself; `draw_speed`'s legend and labels
+clear of its markers and of each other."""
+
+import itertools
 
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from chapter_loader import load_chapter
+from chapter_loader import BOOK, load_chapter
 from torch.testing import assert_close
 
 import flash
@@ -57,4 +61,26 @@ def test_draw_order_numbers_each_tile_where_it_lies(by_keys):
         assert where[n] == (j0 // 8, i0 // 8)
     grid = ax.images[0].get_array()
     assert int((~grid.mask).sum()) == len(tiles) == 10
+    plt.close(fig)
+
+
+def test_the_speed_legend_covers_no_marker():
+    """The speed figure's legend sits beside the axes: inside them, at the
+    centre left, it hid the markers of the first line (issue 47); the
+    names of the lines do not run into each other."""
+    speed = pd.read_csv(BOOK / "data" / "bench_flash.csv")
+    speed["mask"] = speed["causal"].map({False: "no mask", True: "causal"})
+    fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
+    ch13.draw_speed(ax, speed)
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    markers = [
+        ax.transData.transform(xy)
+        for line in ax.lines
+        for xy in line.get_xydata()
+    ]
+    assert len(markers) == 2 * 6  # two runs of six lines
+    assert not any(legend.contains(*xy) for xy in markers)
+    labels = [t.get_window_extent() for t in ax.get_xticklabels()]
+    assert all(a.x1 < b.x0 for a, b in itertools.pairwise(labels))  # apart
     plt.close(fig)

@@ -465,6 +465,105 @@ def test_flash_attention_rejects_bad_tensors():
         flash.flash_attention(q, k[..., :4], v)
 
 
+@pytest.mark.parametrize(
+    "Q, message",
+    [
+        (torch.randn(10), r"Q must have shape \(\.\.\., length, size\)"),
+        ([[1.0, 2.0]], "torch tensors"),
+        (None, "torch tensors"),
+    ],
+)
+def test_bottom_right_checks_the_tensors_before_reading_their_shapes(
+    Q, message
+):
+    """The bottom-right mask reads T_q and T_k: it raised IndexError or
+    AttributeError on tensors that fast_attention would have refused."""
+    q, k, v = qkv(10)
+    with pytest.raises(ValueError, match=message):
+        flash.flash_attention(Q, k, v, causal="bottom-right")
+    with pytest.raises(ValueError, match=r"K must have shape"):
+        flash.flash_attention(q, k[0, 0, 0], v, causal="bottom-right")
+
+
+@pytest.mark.parametrize("causal", [False, True, "bottom-right"])
+def test_no_query_gives_an_empty_result_and_zero_gradients(causal):
+    """As SDPA: an empty output, an empty log-sum-exp; dK and dV are 0."""
+    q, k, v = (t.requires_grad_() for t in qkv(0, 7, d_v=5))
+    out = flash.flash_attention(q, k, v, causal)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal is True)
+    assert out.shape == want.shape == (2, 3, 0, 5)
+    out.sum().backward()
+    assert q.grad.shape == (2, 3, 0, 16)
+    assert not k.grad.any() and not v.grad.any()
+    C, lse = flash.fast_attention(q, k, v, bool(causal), return_lse=True)
+    assert C.shape == (2, 3, 0, 5) and lse.shape == (2, 3, 0)
+
+
+def backward_inputs(T=9):
+    q, k, v = qkv(T, d_v=5)
+    C, lse = flash.fast_attention(q, k, v, return_lse=True)
+    return q, k, v, C, lse, torch.ones_like(C)
+
+
+def test_flash_backward_refuses_bad_inputs():
+    q, k, v, C, lse, dC = backward_inputs()
+    cases = [
+        ((q, k, v, C[..., :4], lse, dC), r"C must have shape \(2, 3, 9, 5\)"),
+        ((q, k, v, C, lse[..., :8], dC), r"lse must have shape \(2, 3, 9\)"),
+        ((q, k, v, C, lse, dC[:1]), r"dC must have shape"),
+        ((q, k, v, C, lse, dC.float()), "dC is torch.float32, Q is"),
+        ((q, k, v, C, lse.float(), dC), "lse is torch.float32"),
+        ((q, k, v, C, lse, dC.numpy()), "dC must be a torch tensor"),
+        ((q, k[..., :4], v, C, lse, dC), "same size d_k"),
+        ((q, k.float(), v, C, lse, dC), "one dtype"),
+        ((q.long(), k.long(), v.long(), C, lse, dC), "floating point"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            flash.flash_backward(*args)
+    for kwargs, message in [
+        ({"inside": 1}, "inside must be True or False"),
+        ({"base2": None}, "base2 must be True or False"),
+        ({"causal": "yes"}, "causal must be True or False"),
+        ({"offset": -1}, "offset -1 < 0"),
+        ({"B_r": 0}, "B_r must be a positive integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            flash.flash_backward(q, k, v, C, lse, dC, **kwargs)
+
+
+def test_flash_backward_of_no_query():
+    q, k, v, C, lse, dC = backward_inputs()
+    dQ, dK, dV = flash.flash_backward(
+        q[..., :0, :], k, v, C[..., :0, :], lse[..., :0], dC[..., :0, :]
+    )
+    assert dQ.shape == (2, 3, 0, 16) and not dK.any() and not dV.any()
+
+
+def test_tile_schedule_refuses_bad_lengths_and_masks():
+    assert flash.tile_schedule(0, 5, 4, 4, causal=True) == []
+    for args, message in [
+        ((-1, 5, 4, 4), "T_q must be an integer >= 0"),
+        ((5, 2.0, 4, 4), "T_k must be an integer >= 0"),
+        ((5, 0, 4, 4), "at least one key"),
+        ((5, 5, 4, 4, "causal"), "causal must be True or False"),
+        ((5, 5, 4, 4, True, -2), "offset -2 < 0"),
+        ((5, 5, 4, 4, True, 1.0), "offset must be an integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            flash.tile_schedule(*args)
+
+
+def test_choose_tile_and_saved_bytes_refuse_bad_arguments():
+    for medians in ([((64, 64), 0.9)], {64: 0.9}, {(64, 0): 0.9}):
+        with pytest.raises(ValueError, match="medians"):
+            flash.choose_tile(medians)
+    with pytest.raises(ValueError, match="positive number"):
+        flash.choose_tile({(64, 64): "0.9"})
+    with pytest.raises(ValueError, match="fn must be a function"):
+        flash.saved_bytes(torch.ones(3))
+
+
 @pytest.mark.parametrize("offset", [-1, 1.5, True])
 def test_fast_attention_rejects_bad_offsets(offset):
     q, k, v = qkv(10)

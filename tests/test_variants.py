@@ -340,6 +340,64 @@ def test_delta_rule_recurrent_equals_parallel_and_the_reference(gated):
     assert_close(recurrent, want, **EXACT)
 
 
+def test_a_decay_of_0_empties_the_state_in_both_forms():
+    """alpha = [.5, .5, 0, .5, .5, .5]: the state after token 3 forgets
+    tokens 1 and 2. The recurrence stays finite; the parallel form took
+    log 0 - log 0 = NaN for every pair that the zero separates."""
+    Q, K, V = qkv(B=1, heads=1, T=6)
+    Q = torch.nn.functional.normalize(Q, dim=-1)
+    K = torch.nn.functional.normalize(K, dim=-1)
+    beta = torch.full((1, 1, 6), 0.5, dtype=torch.float64)
+    alpha = torch.tensor([[[0.5, 0.5, 0.0, 0.5, 0.5, 0.5]]]).double()
+    recurrent, _ = v.delta_rule_recurrent(Q, K, V, beta, alpha)
+    parallel = v.delta_rule_parallel(Q, K, V, beta, alpha)
+    assert torch.isfinite(parallel).all()
+    assert_close(parallel, recurrent, **EXACT)
+    after, _ = v.delta_rule_recurrent(  # tokens 3 to 6 alone, from S = 0
+        Q[:, :, 2:], K[:, :, 2:], V[:, :, 2:], beta[..., 2:], alpha[..., 2:]
+    )
+    assert_close(parallel[:, :, 2:], after, **EXACT)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_delta_rule_parallel_equals_the_recurrence_with_zero_decays(dtype):
+    """Zeros first, last, side by side and alone, in some heads only."""
+    Q, K, V = (t.to(dtype) for t in qkv(T=11))
+    Q = torch.nn.functional.normalize(Q, dim=-1)
+    K = torch.nn.functional.normalize(K, dim=-1)
+    gen = torch.Generator().manual_seed(7)
+    beta = torch.rand(2, 3, 11, generator=gen).to(dtype)
+    alpha = (0.5 + 0.5 * torch.rand(2, 3, 11, generator=gen)).to(dtype)
+    alpha[0, 0, 0] = alpha[0, 1, 4] = alpha[0, 1, 10] = 0
+    alpha[1, 2, 5:7] = alpha[1, 0, 3] = alpha[1, 0, 8] = 0
+    recurrent, _ = v.delta_rule_recurrent(Q, K, V, beta, alpha)
+    parallel = v.delta_rule_parallel(Q, K, V, beta, alpha)
+    atol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert_close(parallel, recurrent, rtol=0, atol=atol)
+
+
+def test_a_gate_that_underflows_to_0_gives_the_cached_outputs():
+    """float32's sigmoid is exactly 0 below about -89: a Gated DeltaNet
+    layer whose decay gate sits there, uncached (parallel) and cached
+    (recurrent)."""
+    torch.manual_seed(14)
+    layer = v.LinearAttention(D, H, rule="gated_delta")
+    with torch.no_grad():
+        layer.alpha_proj.bias[0] = -200.0  # head 0: alpha_t = 0
+    x = torch.randn(2, 7, D)
+    assert (layer.gates(x)[1][:, 0] == 0).all()
+    with torch.no_grad():
+        uncached, _ = layer(x)
+        cache = layer.new_cache()
+        cached = torch.cat(
+            [layer(x[:, :3], cache=cache)[0]]
+            + [layer(x[:, t : t + 1], cache=cache)[0] for t in range(3, 7)],
+            dim=1,
+        )
+    assert torch.isfinite(uncached).all()
+    assert_close(uncached, cached, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("rule", ["linear", "delta", "gated_delta"])
 def test_state_cache_has_a_fixed_size(rule):
     model = variant_gpt(lambda i: v.LinearAttention(D, H, rule=rule))
@@ -691,3 +749,205 @@ def test_gpt_refuses_g_or_w_with_a_variant():
 def test_a_feature_map_only_for_linear_attention():
     with pytest.raises(ValueError, match='phi belongs to rule="linear"'):
         v.LinearAttention(D, H, rule="delta", phi="relu")
+
+
+# --- bad input (issue 47 item 7) and empty query sequences ------------------
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_variant_gives_an_empty_result_for_no_query(name):
+    """As SDPA: no query, no output; in a cached call too, which leaves
+    the cache's length as it was."""
+    model = variant_gpt(VARIANTS[name])
+    x = tokens(5)
+    with torch.no_grad():
+        assert model(x[:, :0]).shape == (2, 0, VOCAB)
+        caches = model.new_caches()
+        model(x, caches)
+        assert model(x[:, :0], caches).shape == (2, 0, VOCAB)
+        assert model(x[:, :0]).shape == (2, 0, VOCAB)
+    assert all(c.length == 5 for c in caches)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_variant_refuses_a_bad_x(name):
+    layer = VARIANTS[name](0).double()
+    for x in (torch.randn(2, 4, D + 1).double(), torch.randn(4, D).double()):
+        with pytest.raises(ValueError, match="takes x of shape"):
+            layer(x)
+    for x in (torch.randn(2, 4, D), torch.ones(2, 4, D, dtype=torch.long)):
+        with pytest.raises(ValueError, match="the layer's weights are"):
+            layer(x)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_cache_refuses_another_batch(name):
+    layer = VARIANTS[name](0).double()
+    cache = layer.new_cache()
+    layer(torch.randn(2, 4, D).double(), cache=cache)
+    with pytest.raises(ValueError, match="one cache per batch"):
+        layer(torch.randn(3, 1, D).double(), cache=cache)
+
+
+def test_cla_refuses_a_layer_before_its_source_or_another_batch():
+    layers = v.cross_layer(D, H, [None, 0])
+    first, second = layers(0).double(), layers(1).double()
+    x = torch.randn(2, 4, D).double()
+    with pytest.raises(ValueError, match="layer 0 has not run yet"):
+        second(x)
+    first(x)
+    with pytest.raises(ValueError, match="layer 0's keys holds 2"):
+        second(torch.randn(3, 4, D).double())
+    for i in ("0", 1.5, True):
+        with pytest.raises(ValueError, match="does not exist"):
+            layers(i)
+
+
+def gated_inputs(T=7):
+    """Q, K, V (2, 3, T, 4 or 5), beta and alpha (2, 3, T), float64."""
+    Q, K, V = qkv(T=T)
+    gen = torch.Generator().manual_seed(15)
+    beta, alpha = torch.rand(2, 2, 3, T, generator=gen).double()
+    return Q, K, V, beta, alpha
+
+
+def test_the_recurrences_give_an_empty_result_for_no_token():
+    Q, K, V, beta, alpha = (t[:, :, :0] for t in gated_inputs())
+    out, S = v.delta_rule_recurrent(Q, K, V, beta, alpha)
+    assert out.shape == (2, 3, 0, 5) and torch.equal(
+        S, torch.zeros(2, 3, 4, 5)
+    )
+    assert v.delta_rule_parallel(Q, K, V, beta, alpha).shape == (2, 3, 0, 5)
+    out, (S, z) = v.linear_attention_recurrent(Q, K, V)
+    assert out.shape == (2, 3, 0, 5) and not z.any()
+    assert v.linear_attention_parallel(Q, K, V).shape == (2, 3, 0, 5)
+
+
+def delta_calls(Q, K, V, beta, alpha, S=None, z=None):
+    """The four functions of the linear-attention section on these inputs."""
+    state = None if S is None else (S, z)
+    return [
+        lambda: v.delta_rule_recurrent(Q, K, V, beta, alpha, S),
+        lambda: v.delta_rule_parallel(Q, K, V, beta, alpha),
+        lambda: v.linear_attention_recurrent(Q, K, V, state),
+        lambda: v.linear_attention_parallel(Q, K, V),
+    ]
+
+
+def bad_recurrence_inputs():
+    """(what is changed, the message's start): for every function."""
+    Q, K, V, _, _ = gated_inputs()
+    nan = Q.clone()
+    nan[0, 0, 0, 0] = float("nan")
+    return [
+        ({"Q": Q.float()}, "mixed dtypes"),
+        ({"Q": Q.long()}, "Q must be a floating-point"),
+        ({"K": K.numpy()}, "K must be a floating-point"),
+        ({"Q": nan}, "Q contains NaN"),
+        ({"Q": Q[0]}, r"Q must have shape \(B, H, T, d_k\)"),
+        ({"K": K[:, :, :-1]}, r"K must have shape \(B, H, T, d_k\)"),
+        ({"K": K[..., :3]}, r"K must have shape \(B, H, T, d_k\)"),
+        ({"V": V[:1]}, r"V must have shape \(B, H, T, d_v\)"),
+    ]
+
+
+@pytest.mark.parametrize("change, message", bad_recurrence_inputs())
+def test_the_recurrences_refuse_bad_tensors(change, message):
+    Q, K, V, beta, alpha = gated_inputs()
+    args = {"Q": Q, "K": K, "V": V, **change}
+    for call in delta_calls(args["Q"], args["K"], args["V"], beta, alpha):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_the_delta_rules_refuse_bad_gates_and_states():
+    Q, K, V, beta, alpha = gated_inputs()
+    for function in (v.delta_rule_recurrent, v.delta_rule_parallel):
+        with pytest.raises(ValueError, match="beta must have shape"):
+            function(Q, K, V, beta[..., :-1], alpha)
+        with pytest.raises(ValueError, match="alpha must have shape"):
+            function(Q, K, V, beta, alpha[0])
+        with pytest.raises(ValueError, match="mixed dtypes"):
+            function(Q, K, V, beta.float(), alpha)
+        with pytest.raises(ValueError, match="beta must be a floating"):
+            function(Q, K, V, None, alpha)
+        for bad in (-0.1, 1.5):
+            with pytest.raises(ValueError, match="alpha must lie in"):
+                function(Q, K, V, beta, alpha.clone().fill_(bad))
+        with pytest.raises(ValueError, match="alpha contains NaN"):
+            function(Q, K, V, beta, alpha.clone().fill_(float("nan")))
+    with pytest.raises(ValueError, match="the state S must have shape"):
+        v.delta_rule_recurrent(
+            Q, K, V, beta, alpha, torch.zeros(2, 3, 4, 4).double()
+        )
+    S, z = torch.zeros(2, 3, 4, 5).double(), torch.zeros(2, 3, 4).double()
+    with pytest.raises(ValueError, match="the state S must have shape"):
+        v.linear_attention_recurrent(Q, K, V, (S[:1], z))
+    with pytest.raises(ValueError, match="the normaliser z must have shape"):
+        v.linear_attention_recurrent(Q, K, V, (S, z[..., :3]))
+    with pytest.raises(ValueError, match="a tuple"):
+        v.linear_attention_recurrent(Q, K, V, S)
+
+
+def indexer_inputs():
+    gen = torch.Generator().manual_seed(16)
+    q = torch.randn(2, 5, 3, 4, generator=gen).double()
+    w = torch.randn(2, 5, 3, generator=gen).double()
+    k = torch.randn(2, 6, 4, generator=gen).double()
+    return q, w, k
+
+
+def test_the_indexer_refuses_bad_tensors():
+    q, w, k = indexer_inputs()
+    assert v.indexer_scores(q[:, :0], w[:, :0], k).shape == (2, 0, 6)
+    for args, message in [
+        ((q.float(), w, k), "mixed dtypes"),
+        ((q[0], w, k), r"q_I must have shape \(B, T, H_I, d_I\)"),
+        ((q, w[..., :2], k), r"w_I must have shape \(B, T, H_I\)"),
+        ((q, w, k[..., :3]), r"k_I must have shape \(B, T_k, d_I\)"),
+        ((q, w, k[:1]), r"k_I must have shape \(B, T_k, d_I\)"),
+        ((q, w, k[:, :0]), "at least one key"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            v.indexer_scores(*args)
+
+
+def test_top_k_and_the_kl_refuse_bad_masks_and_scores():
+    T = 5
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    scores = torch.randn(2, T, T, dtype=torch.float64)
+    weights = torch.softmax(scores.masked_fill(~causal, -torch.inf), -1)
+    weights = weights[:, None].expand(2, 3, T, T)
+    assert v.top_k_mask(scores[:, :0], causal[:0], 2).shape == (2, 0, T)
+    assert v.indexer_kl(weights[:, :, :0], scores[:, :0], causal[:0]) == 0
+    nan = scores.clone()
+    nan[0, 0, 0] = float("nan")
+    for s, allowed, message in [
+        (scores, causal.double(), "allowed must be a boolean"),
+        (scores, causal[:-1], r"allowed must have shape \(T, T_k\)"),
+        (scores, causal[None].expand(3, T, T), "allowed must have shape"),
+        (scores[0], causal, r"scores must have shape \(B, T, T_k\)"),
+        (scores[..., :0], causal[:, :0], "scores must have shape"),
+        (nan, causal, "scores contain NaN"),
+        (scores.long(), causal, "scores must be a floating-point"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            v.top_k_mask(s, allowed, 2)
+        with pytest.raises(ValueError, match=message):
+            v.indexer_kl(weights, s, allowed)
+    with pytest.raises(ValueError, match=r"weights must have shape"):
+        v.indexer_kl(weights[:, :, :-1], scores, causal)
+    with pytest.raises(ValueError, match="mixed dtypes"):
+        v.indexer_kl(weights.float(), scores, causal)
+    no_key = causal.clone()
+    no_key[3] = False  # query 3 may see no key: p_3 would be 0 / 0
+    with pytest.raises(ValueError, match="no weight on its allowed keys"):
+        v.indexer_kl(weights, scores, no_key)
+
+
+def test_build_variant_refuses_a_bad_vocabulary_or_size():
+    for vocab in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="vocab must be"):
+            v.build_variant("gqa", vocab)
+    with pytest.raises(ValueError, match=r"unknown sizes \['width'\]"):
+        v.build_variant("gqa", VOCAB, width=32)
