@@ -33,13 +33,13 @@ def check_seed(seed):
 
 def r_seed_words(seed):
     """The 625 numbers R's set.seed(seed) computes with its LCG."""
-    s = check_seed(seed) % 2**32  # a negative seed wraps around
+    state = check_seed(seed) % 2**32  # a negative seed wraps around
     for _ in range(50):  # initial scrambling
-        s = (69069 * s + 1) % 2**32
+        state = (69069 * state + 1) % 2**32
     words = []
     for _ in range(625):  # a position counter, then 624 state words
-        s = (69069 * s + 1) % 2**32
-        words.append(s)
+        state = (69069 * state + 1) % 2**32
+        words.append(state)
     return words
 
 
@@ -80,25 +80,36 @@ def r_unif_rand(generator, n):
 
 
 def check_runif(generator, n, min, max):
-    """Refuse what R's runif(n, min, max) refuses or would return NaN for."""
+    """(min, max) as the doubles R holds, if R's runif(n, min, max) takes
+    them: refuse what R refuses or would return NaN for."""
     check_generator(generator)
     check_count(n)
+    bounds = []
     for name, value in (("min", min), ("max", max)):
         if isinstance(value, bool) or not isinstance(
             value, (int, float, np.integer, np.floating)
         ):
             raise ValueError(f"{name} must be a real number, got {value!r}")
-    if not (np.isfinite(min) and np.isfinite(max)) or min > max:
+        try:
+            bounds.append(float(value))  # R's arguments are doubles
+        except OverflowError:  # an int beyond the largest double
+            raise ValueError(
+                f"runif needs finite min <= max, got {name} beyond the "
+                f"largest double ({len(str(value))} digits)"
+            ) from None
+    min, max = bounds
+    if not (math.isfinite(min) and math.isfinite(max)) or min > max:
         raise ValueError(
             f"runif needs finite min <= max, got min={min}, max={max}"
         )
+    return min, max
 
 
 def r_runif(generator, n, min=0.0, max=1.0):
     """R's runif(n, min, max), drawing from `generator`."""
-    check_runif(generator, n, min, max)
+    min, max = check_runif(generator, n, min, max)
     if min == max:
-        return np.full(n, float(min))  # R returns min and draws nothing
+        return np.full(n, min)  # R returns min and draws nothing
     return min + (max - min) * r_unif_rand(generator, n)
 
 
@@ -112,12 +123,24 @@ def check_numbers(x, name):
     return x
 
 
+MAX_PRINT = 99999  # R's default getOption("max.print")
+
+
 def check_matrix(M):
-    """M as a non-empty 2-D float array of finite numbers, -0.0 made 0.0."""
+    """M as a non-empty 2-D float array of finite numbers, -0.0 made 0.0,
+    with no more entries than R's print shows."""
     M = check_real_array(M, "r_format_matrix")
     if M.ndim != 2 or 0 in M.shape:
         raise ValueError(
             f"r_format_matrix needs a non-empty 2-D array, got shape {M.shape}"
+        )
+    # printMatrix prints max.print // ncol rows, then "[ reached
+    # getOption("max.print") -- omitted ... rows ]"; a one-line vector is
+    # far shorter (printVector omits entries beyond max.print + 1 only)
+    if M.size > MAX_PRINT:
+        raise ValueError(
+            f"r_format_matrix: {M.size} entries, more than R's max.print "
+            f"({MAX_PRINT}); R would omit rows, which this formatter does not"
         )
     return M
 
@@ -166,17 +189,32 @@ def check_digits(digits):
 
 
 def check_width(lines, width, what):
-    """Refuse text wider than R's line: R would wrap it, and we do not."""
+    """Refuse text R would wrap, which we do not: a vector wider than
+    `width` (printVector: a line may be `width` wide), a matrix `width`
+    wide or wider (printMatrix adds a column to a block of columns only
+    while the line stays under `width`)."""
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)):
         raise ValueError(f"width must be an integer, got {width!r}")
     if not 10 <= width <= 10000:
         raise ValueError(f"R's width is from 10 to 10000, got {width}")
     if isinstance(lines, str) or not lines:
         raise ValueError("check_width needs a non-empty list of lines")
-    if max(len(line) for line in lines) > width:
+    if what not in ("vector", "matrix"):
         raise ValueError(
-            f"the {what} is wider than {width} characters; R would wrap "
-            "it, which this formatter does not do"
+            f"check_width checks a vector or a matrix, not {what}"
+        )
+    limit = width - 1 if what == "matrix" else width  # a matrix stays under
+    widest = max(len(line) for line in lines)
+    if widest > limit:
+        size = (
+            f"wider than {width} characters"
+            if widest > width
+            else f"{width} characters wide, and R keeps a matrix's lines "
+            f"under {width}"
+        )
+        raise ValueError(
+            f"the {what} is {size}; R would wrap it, which this formatter "
+            "does not do"
         )
 
 
@@ -271,7 +309,8 @@ def r_format_matrix(M, digits=7, width=80):
     columns = []
     for j in range(M.shape[1]):  # every column gets its own layout
         cells = [f"[,{j + 1}]", *r_format_column(M[:, j], digits)]
-        columns.append([cell.rjust(max(map(len, cells))) for cell in cells])
+        cell_width = max(map(len, cells))  # once per column, not per cell
+        columns.append([cell.rjust(cell_width) for cell in cells])
     label_width = len(str(M.shape[0] + 1)) + 3  # R: digits of nrow + 1
     labels = ["", *(f"[{i + 1},]" for i in range(M.shape[0]))]
     lines = [

@@ -1,8 +1,9 @@
 """Bad input to every public function of book/r_port.py: a ValueError whose
 message names the problem, never an IndexError, AttributeError, TypeError
-or a silently wrong print (issue 47). What the port refuses because R
-prints it in a way the port does not reproduce (NA, wrapped lines, ties
-decided by powl) is tested against R's output in test_r_print_fixtures.py.
+or a silently wrong print (issue 47). What R prints in a way the port does
+not reproduce (NA, wrapped lines, ties decided by powl, matrices beyond
+max.print) the port refuses too, tested here and, against R's output, in
+test_r_print_fixtures.py.
 """
 
 import inspect
@@ -45,6 +46,8 @@ BAD_INPUT = [
     ("check_runif", (mt(), 3, 0.0, None), "max must be a real number"),
     ("check_runif", (mt(), 3, 0.0, [1.0, 2.0]), "max must be a real"),
     ("check_runif", (mt(), 3, 2.0, 1.0), "min <= max"),
+    ("check_runif", (mt(), 3, 0, 10**400), "max beyond the largest double"),
+    ("check_runif", (mt(), 3, -(10**309), 0), "min beyond the largest"),
     ("r_runif", (None, 3), "MT19937"),
     ("r_runif", (None, 3, 1.0, 1.0), "MT19937"),
     ("r_runif", (mt(), 3, np.nan, 1.0), "finite"),
@@ -63,6 +66,8 @@ BAD_INPUT = [
     ("check_matrix", (np.ones(3),), "2-D"),
     ("check_matrix", (np.ones((0, 2)),), "2-D"),
     ("check_matrix", ([["a"]],), "real numbers"),
+    ("check_matrix", (np.zeros((100000, 1)),), "max.print"),
+    ("check_matrix", (np.zeros((25000, 4)),), "max.print"),
     ("check_digits", (0,), "from 1 to 15"),
     ("check_digits", (16,), "from 1 to 15"),
     ("check_digits", (7.0,), "integer"),
@@ -71,6 +76,12 @@ BAD_INPUT = [
     ("check_width", ([], 80, "vector"), "non-empty list of lines"),
     ("check_width", ("[1] 1", 80, "vector"), "non-empty list of lines"),
     ("check_width", (["x" * 81], 80, "vector"), "wider than 80"),
+    (
+        "check_width",
+        (["x" * 80], 80, "matrix"),
+        "80 characters wide, and R keeps",
+    ),
+    ("check_width", (["x"], 80, "array"), "a vector or a matrix"),
     ("long_double", ("1/3",), "real number"),
     ("long_double", (True,), "real number"),
     ("long_double", (np.inf,), "finite"),
@@ -85,7 +96,13 @@ BAD_INPUT = [
     ("r_format_column", ([1.0], True), "digits must be an integer"),
     ("r_format_matrix", (np.ones(3),), "2-D"),
     ("r_format_matrix", ([[1.0, np.nan]],), "finite"),
-    ("r_format_matrix", (np.ones((2, 12)) / 3,), "wider than 80"),
+    ("r_format_matrix", (np.ones((2, 12)) / 3,), "R would wrap it"),
+    # R 4.2.2 prints this 80-character line as two blocks of columns
+    (
+        "r_format_matrix",
+        ([[1 / 3] * 7 + [1.125]],),
+        "80 characters wide, and R keeps",
+    ),
     ("r_format_matrix", ([[1.0]], 7, 5), "from 10 to 10000"),
     ("r_format_matrix", ([[1.0]], 16), "from 1 to 15"),
     ("r_format_matrix", ([[True]],), "dtype bool"),
@@ -141,6 +158,12 @@ def test_good_input_passes_the_checks():
     r_port.check_generator(ZeroBits())
     r_port.check_runif(mt(), 0, 1, 1)  # runif(0, 1, 1) is numeric(0) in R
     assert r_port.r_runif(mt(), 0).shape == (0,)
+    # R's runif(2, 0, 2^70): an int beyond 2^64 is a double, not an error
+    big = r_port.r_runif(mt(), 2, 0, 2**70)
+    assert big.tolist() == (2.0**70 * r_port.r_unif_rand(mt(), 2)).tolist()
+    # R 4.2.2: print(matrix(0, 99999, 1)) shows every row (one more: not)
+    assert r_port.check_matrix(np.zeros((99999, 1))).shape == (99999, 1)
+    assert r_port.check_matrix(np.zeros((33333, 3))).shape == (33333, 3)
 
 
 def test_long_double_keeps_64_bits_ties_to_even():
@@ -153,3 +176,20 @@ def test_long_double_keeps_64_bits_ties_to_even():
     third = Fraction(1, 3)  # 1/3 = 2^-2 * 4/3: the unit is 2^-65
     assert r_port.long_double(third) == Fraction(round(2**65 * third), 2**65)
     assert r_port.long_double(0.1) == Fraction(0.1)  # 53 bits fit in 64
+
+
+def test_a_column_width_is_computed_once_per_column(monkeypatch):
+    """r_format_matrix pads a column's cells to the column's widest, found
+    once per column, not once per cell (that took 73 s for a column of
+    20,000 cells: issue 47). Counted through r_port's name `len`: a few per
+    cell, not one per cell for every cell."""
+    calls = []
+
+    def counting_len(x):
+        calls.append(1)
+        return len(x)
+
+    monkeypatch.setattr(r_port, "len", counting_len, raising=False)
+    text = r_port.r_format_matrix(np.zeros((1000, 2)))
+    assert text.count("\n") == 1000
+    assert len(calls) < 10 * 2002  # quadratic: over 2,000,000

@@ -73,7 +73,7 @@ emit("negative_sets_width", c(-1, 10))
 emit("mixed_decimals", c(1.5, -22.25, 333.125))
 emit("one_entry_per_width", c(0.001, 10, -1000.5))
 emit("exactly_80", c(-1:-7) / 7)                 # 3 + 7 * 11 characters
-emit("wraps_ten_sevenths", c(1:10) / 7)          # 83: R wraps, port refuses
+emit("wraps_ten_sevenths", c(1:10) / 7)          # 104: R wraps, port refuses
 emit("wraps_thirty", c(1:30) / 7)
 
 # --- widths: matrices (each column its own layout) -------------------------
@@ -86,6 +86,9 @@ emit("matrix_ninety_nine_rows", matrix(c(1:99) / 8, 99))
 emit("matrix_negative_column", matrix(c(-1.25, 3, 0, -0.5, 7, 8), 3))
 emit("matrix_mixed_magnitudes",
      matrix(c(123456789, 0.1, 1e-5, -2, 1e15, 3, 0.12345678, 1), 2))
+# a matrix line stays under 80 (printMatrix): at 80 R starts a new block
+emit("matrix_79_one_block", matrix(c(rep(1 / 3, 7), 1.12), 1))
+emit("matrix_80_wraps", matrix(c(rep(1 / 3, 7), 1.125), 1))  # port refuses
 
 # --- widths by R's rule, not the longest entry (issue 47) -------------------
 # R's width for fixed notation counts the digits left of "." of the entry
