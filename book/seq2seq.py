@@ -258,8 +258,8 @@ def check_block_inputs(
     x, memory, memory_mask, tgt_mask, block=None, cache=None
 ):
     """Raise ValueError on a bad shape, dtype or cache; the memory's (K, V)
-    if given as such. With a block, x and memory must have its width and
-    dtype."""
+    if given as such. With a block, x must have its width and dtype (the
+    memory's are checked by its cross-attention)."""
     if block is None:
         check_vectors("x", x)
     else:
@@ -270,7 +270,7 @@ def check_block_inputs(
     if kv is not None:
         B_m, S = kv[0].shape[0], kv[0].shape[2]
     else:
-        check_vectors("memory", memory, None if block is None else x)
+        check_vectors("memory", memory)  # its width: keys_values checks
         B_m, S = memory.shape[:2]
     if B_m != B:
         raise ValueError(

@@ -191,6 +191,8 @@ def test_decoder_block_bad_input():
     raises("mixed dtypes: memory", block, x, memory.float())
     raises("memory has 8 features", block, x, memory[..., :8])
     raises("memory must be a float tensor", block, x, memory[0])
+    K, V = block.cross_attn.keys_values(memory)
+    raises("empty source", block, x, (K[:, :, :0], V[:, :, :0]))
     raises("cache must be", block, x, memory, None, None, "cache")
     raises("memory_mask must be a boolean", block, x, memory, torch.ones(2, 5))
     raises("target mask", block, x, memory, None, torch.ones(3, 3))
@@ -402,6 +404,26 @@ def test_decoder_block_equals_torch_layer(shape):
         assert (got - expected).abs().max() < TOL
     assert (cross.sum(-1) - 1).abs().max() < 1e-12  # weights sum to 1
     assert (cross.masked_select(~real[:, None, None]) == 0).all()  # padding
+
+
+def test_decoder_block_equals_torch_layer_with_dropout_off():
+    """Chapter 14: "the same block when its dropout does nothing (dropout=0,
+    or in evaluation mode)": with dropout 0.1, equal in evaluation mode,
+    not in training mode."""
+    torch.manual_seed(2)
+    theirs = nn.TransformerDecoderLayer(
+        16, 4, 24, dropout=0.1, batch_first=True, norm_first=True
+    ).double()
+    ours = load_torch_weights(CrossDecoderBlock(16, 4, 24).double(), theirs)
+    x, memory = random(3, 5, 16, seed=2), random(3, 7, 16, seed=3)
+    real = padding([7, 3, 5], 7)
+    with torch.no_grad():
+        out = ours(x, memory, real)[0]
+        args = dict(tgt_mask=~causal(5), memory_key_padding_mask=~real)
+        trained = theirs.train()(x, memory, **args)
+        evaluated = theirs.eval()(x, memory, **args)
+    assert (out - evaluated).abs().max() < TOL
+    assert (out - trained).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("shape", SHAPES)
