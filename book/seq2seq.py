@@ -24,7 +24,16 @@ states), here as scaled dot-product attention with heads. New here:
 - `greedy`: greedy decoding, uncached or with one cache per decoder layer;
   `cache_bytes`: the bytes each cache holds;
 - `load_torch_weights`: copy the weights of PyTorch's `nn.Transformer`
-  (or one of its layers or stacks) into the modules here, for the tests.
+  (or one of its layers or stacks) into the modules here, for the tests;
+- `mirror_weight`, `error_kinds`, `first_wrong`, `error_breakdown` and
+  `largest_weight_position`: chapter 14's probes of the trained models
+  (the weight on the mirrored digit; right, unreversed and other answers;
+  where an answer first goes wrong; where cross-attention looks).
+
+Every public function raises a ValueError that names the problem on bad
+input (an empty source or key sequence, mixed dtypes, mismatched shapes or
+batches, a token outside the vocabulary); an empty query or target
+sequence gives an empty result, as `F.scaled_dot_product_attention` does.
 
 Masks are boolean, True where a query may attend to a key, as in
 transformer.py. A source is a padded (B, S) tensor of token ids with its
@@ -36,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer import (
+    Cache,
     EncoderBlock,
     KVCache,
     RotarySelfAttention,
@@ -81,14 +91,29 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
 
     Press et al. (section 3) add -m_h (i - j) for a causal query i >= j; for
     a bidirectional encoder (not in the paper) we take the distance |i - j|
-    on both sides, the same bias for every key a causal query may see.
+    on both sides, the same bias for every key a causal query may see: the
+    form Press gives for encoder attention in issue 5 of the authors'
+    repository, ofirpress/attention_with_linear_biases (linked from its
+    README). Positions are 1-D integer tensors; no key for a query is an
+    error, no query an empty bias.
     """
+    for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
+        if not is_integer_tensor(pos) or pos.dim() != 1:
+            raise ValueError(
+                f"{name} must be a 1-D tensor of integer positions, got "
+                f"{describe(pos)}"
+            )
+    if len(pos_k) == 0 and len(pos_q) > 0:
+        raise ValueError("an empty key sequence: the queries have no key")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a float type, got {dtype}")
     distance = (pos_q[:, None] - pos_k[None, :]).abs().to(dtype)  # (T_q, T_k)
     return -alibi_slopes(H, dtype)[:, None, None] * distance
 
 
 def attend_biased(Q, K, V, mask=None, bias=None):
     """transformer.py's `attend` with a bias added to the scaled scores."""
+    check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
         return attend(Q, K, V, mask)
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
@@ -108,6 +133,8 @@ class AlibiSelfAttention(SelfAttention):
         super().__init__(d, H, causal=causal)
 
     def forward(self, x, mask=None, cache=None):
+        check_vectors("x", x, self.in_proj.weight)
+        check_cache(cache)
         T = x.shape[1]
         pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
         Q, K, V = self.heads(x)
@@ -117,6 +144,7 @@ class AlibiSelfAttention(SelfAttention):
                 raise ValueError("a cached call takes no mask")
             cache.check_layer(self.w, self.causal)
             K, V, pos_k = cache.update(K, V)
+        check_mask(mask, (*Q.shape[:-1], K.shape[-2]))
         if self.causal or cache is not None:
             allowed = allowed_positions(pos_q, pos_k, None, self.causal)
             mask = allowed if mask is None else check_rows(mask & allowed)
@@ -128,7 +156,8 @@ class AlibiSelfAttention(SelfAttention):
 
 
 def self_attention(d, H, positions, causal):
-    """The self-attention of a block for a position option."""
+    """The self-attention of a block for a position option (or None)."""
+    check_positions(positions)
     if positions == "rotary":
         return RotarySelfAttention(d, H, causal=causal)
     if positions == "alibi":
@@ -159,6 +188,7 @@ class CrossAttention(nn.Module):
     def keys_values(self, memory):
         """Keys and values (B, H, S, d_k) of the encoder's outputs (B, S, d):
         computed once per source, reused at every decoding step."""
+        check_memory(memory, self.in_proj.weight)
         B, S, d = memory.shape
         W, b = self.in_proj.weight[d:], self.in_proj.bias[d:]
         kv = F.linear(memory, W, b).view(B, S, 2, self.H, self.d_k)
@@ -169,9 +199,11 @@ class CrossAttention(nn.Module):
         """Outputs (B, T, d) and weights (B, H, T, S) of queries x (B, T, d)
         over keys and values kv = keys_values(memory); mask broadcasts to
         (B, H, T, S)."""
+        check_vectors("x", x, self.in_proj.weight)
         B, T, d = x.shape
         Q = F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d])
         Q = Q.view(B, T, self.H, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+        check_attention_inputs(Q, *check_kv(kv), mask)
         out, weights = attend(Q, *kv, mask)
         out = out.transpose(1, 2).reshape(B, T, d)
         return self.out_proj(out), weights
@@ -191,6 +223,7 @@ class CrossDecoderBlock(nn.Module):
 
     def __init__(self, d, H, d_ff, positions=None):
         super().__init__()
+        check_sizes(d=d, H=H, d_ff=d_ff)
         self.norm1 = nn.LayerNorm(d)
         self.self_attn = self_attention(d, H, positions, causal=True)
         self.norm2 = nn.LayerNorm(d)
@@ -207,7 +240,7 @@ class CrossDecoderBlock(nn.Module):
         True for a real source position; tgt_mask: (T, T) or (B, T, T), on
         top of the causal mask; cache: a `Cache` for the self-attention.
         """
-        kv = check_block_inputs(x, memory, memory_mask, tgt_mask)
+        kv = check_block_inputs(x, memory, memory_mask, tgt_mask, self, cache)
         if kv is None:
             kv = self.cross_attn.keys_values(memory)
         if tgt_mask is not None and tgt_mask.dim() == 3:
@@ -221,20 +254,24 @@ class CrossDecoderBlock(nn.Module):
         return out, self_weights, cross_weights
 
 
-def check_block_inputs(x, memory, memory_mask, tgt_mask):
-    """Raise ValueError on a bad shape; the memory's (K, V) if given as such."""
-    if x.dim() != 3:
-        raise ValueError(f"x must have shape (B, T, d), got {tuple(x.shape)}")
+def check_block_inputs(
+    x, memory, memory_mask, tgt_mask, block=None, cache=None
+):
+    """Raise ValueError on a bad shape, dtype or cache; the memory's (K, V)
+    if given as such. With a block, x must have its width and dtype (the
+    memory's are checked by its cross-attention)."""
+    if block is None:
+        check_vectors("x", x)
+    else:
+        check_vectors("x", x, block.norm1.weight)
+        check_cache(cache)
     B, T, _ = x.shape
-    kv = memory if isinstance(memory, tuple) else None
+    kv = check_kv(memory) if isinstance(memory, tuple) else None
     if kv is not None:
         B_m, S = kv[0].shape[0], kv[0].shape[2]
-    elif memory.dim() == 3:
-        B_m, S = memory.shape[:2]
     else:
-        raise ValueError(
-            f"memory must have shape (B, S, d), got {tuple(memory.shape)}"
-        )
+        check_vectors("memory", memory)  # its width: keys_values checks
+        B_m, S = memory.shape[:2]
     if B_m != B:
         raise ValueError(
             f"mismatched batch sizes: {B} target rows, {B_m} source rows"
@@ -242,13 +279,13 @@ def check_block_inputs(x, memory, memory_mask, tgt_mask):
     if S == 0:
         raise ValueError("an empty source: the memory has no position")
     if memory_mask is not None:
-        if memory_mask.dtype != torch.bool or tuple(memory_mask.shape) != (
+        if not is_bool_tensor(memory_mask) or tuple(memory_mask.shape) != (
             B,
             S,
         ):
             raise ValueError(
                 f"memory_mask must be a boolean ({B}, {S}) tensor, got "
-                f"{memory_mask.dtype} {tuple(memory_mask.shape)}"
+                f"{describe(memory_mask)}"
             )
         if not memory_mask.any(dim=-1).all():
             raise ValueError("an empty source: a row has no real position")
@@ -260,13 +297,13 @@ def check_tgt_mask(tgt_mask, B, T):
     """Raise ValueError unless tgt_mask is None or boolean (T, T) or (B, T, T)."""
     if tgt_mask is None:
         return
-    if tgt_mask.dtype != torch.bool or tuple(tgt_mask.shape) not in (
+    if not is_bool_tensor(tgt_mask) or tuple(tgt_mask.shape) not in (
         (T, T),
         (B, T, T),
     ):
         raise ValueError(
             f"the target mask must be a boolean ({T}, {T}) or ({B}, {T}, {T}) "
-            f"tensor, got {tgt_mask.dtype} {tuple(tgt_mask.shape)}"
+            f"tensor, got {describe(tgt_mask)}"
         )
 
 
@@ -280,13 +317,18 @@ class Encoder(nn.Module):
     `nn.Transformer(norm_first=True, dropout=0)` (its `encoder`: layers and
     final norm) on the same inputs, which are the embedded tokens plus any
     added positions: nn.Transformer has neither embeddings nor readout, so
-    the comparison covers the stack alone, and it holds for positions
-    "sinusoidal", "learned" and "none" (added to the inputs, or absent);
-    "rotary" and "alibi" change the attention, which nn.Transformer lacks.
+    the comparison covers the stack alone. It holds for positions
+    "sinusoidal", "learned" and "none" (added to the inputs, or absent),
+    and for "alibi" given ALiBi's bias as nn.Transformer's float mask
+    (`src_mask`, one (S, S) bias per row and head, which it adds to the
+    scores); "rotary" rotates queries and keys inside the attention, which
+    no mask can do.
     """
 
     def __init__(self, d, H, d_ff, layers, positions=None):
         super().__init__()
+        check_sizes(d=d, H=H, d_ff=d_ff, layers=layers)
+        check_positions(positions)
         self.layers = nn.ModuleList()
         for _ in range(layers):
             block = EncoderBlock(d, H, d_ff, rotary=positions == "rotary")
@@ -298,6 +340,7 @@ class Encoder(nn.Module):
     def forward(self, x, padding_mask=None):
         """Outputs (B, S, d) of inputs x (B, S, d); padding_mask (B, S) is
         True at real positions (keys at other positions get no weight)."""
+        check_memory(x, self.norm.weight, "x")
         for block in self.layers:
             x = block(x, padding_mask=padding_mask)
         return self.norm(x)
@@ -310,6 +353,8 @@ class Decoder(nn.Module):
 
     def __init__(self, d, H, d_ff, layers, positions=None):
         super().__init__()
+        check_sizes(d=d, H=H, d_ff=d_ff, layers=layers)
+        check_positions(positions)
         self.layers = nn.ModuleList(
             CrossDecoderBlock(d, H, d_ff, positions) for _ in range(layers)
         )
@@ -331,10 +376,7 @@ class Decoder(nn.Module):
                 f"memory_kv has {len(kv)} layers' keys and values, the "
                 f"decoder {len(self.layers)} layers"
             )
-        if caches is not None and len(caches) != len(self.layers):
-            raise ValueError(
-                f"{len(caches)} caches for {len(self.layers)} layers"
-            )
+        check_caches(caches, len(self.layers))
         cross = []
         for i, block in enumerate(self.layers):
             layer_memory = memory if kv is None else kv[i]
@@ -409,8 +451,20 @@ class Seq2Seq(nn.Module):
             raise ValueError(
                 f"positions must be one of {POSITIONS}, got {positions!r}"
             )
-        if not 0 <= bos < vocab:
-            raise ValueError(f"bos={bos} is outside the vocabulary 0..{vocab}")
+        check_sizes(vocab=vocab, max_len=max_len)
+        if not is_count(bos, 0) or not bos < vocab:
+            raise ValueError(
+                f"bos={bos!r} is outside the vocabulary 0..{vocab - 1}"
+            )
+        if (
+            not isinstance(layers, (tuple, list))
+            or len(layers) != 2
+            or not all(is_count(k) for k in layers)
+        ):
+            raise ValueError(
+                f"layers must be a pair of positive integers (encoder, "
+                f"decoder), got {layers!r}"
+            )
         self.vocab, self.positions, self.bos = vocab, positions, bos
         self.max_len = max_len
         self.src_embed = nn.Embedding(vocab, d)
@@ -425,6 +479,16 @@ class Seq2Seq(nn.Module):
     def add_positions(self, x, start, table):
         """Tokens x (B, T, d) at positions start ... start + T - 1, plus
         their sinusoids or learned vectors (clamped to the table)."""
+        check_vectors("x", x, self.readout.weight)
+        if not is_count(start, 0):
+            raise ValueError(f"start must be an integer >= 0, got {start!r}")
+        if self.positions == "learned" and table not in (
+            self.table("src"),
+            self.table("tgt"),
+        ):
+            raise ValueError(
+                "learned positions need the model's src or tgt table"
+            )
         T, d = x.shape[1:]
         if self.positions == "sinusoidal":
             return x + sinusoidal_encoding(start + T, d, x.dtype)[start:]
@@ -444,12 +508,15 @@ class Seq2Seq(nn.Module):
 
     def table(self, side):
         """The learned table of the source or target side, else None."""
+        if side not in ("src", "tgt"):
+            raise ValueError(f'side must be "src" or "tgt", got {side!r}')
         return getattr(self, f"{side}_pos", None)
 
     def decode(self, tgt_in, memory, mask, tgt_mask=None, caches=None):
         """Logits (B, T, vocab) and cross-attention weights (B, layers, H,
         T, S) of target tokens tgt_in (B, T) after the cached ones."""
         check_tokens("tgt_in", tgt_in, self.vocab)
+        check_caches(caches, len(self.decoder.layers))
         start = 0 if caches is None else caches[0].length
         x = self.add_positions(
             self.tgt_embed(tgt_in), start, self.table("tgt")
@@ -474,10 +541,10 @@ class Seq2Seq(nn.Module):
 
 def check_tokens(name, tokens, vocab):
     """Raise ValueError unless tokens (B, T) are ids in 0 ... vocab - 1."""
-    if tokens.dim() != 2 or tokens.dtype != torch.long:
+    if not is_integer_tensor(tokens) or tokens.dim() != 2:
         raise ValueError(
             f"{name} must be a (B, T) tensor of token ids, got "
-            f"{tokens.dtype} {tuple(tokens.shape)}"
+            f"{describe(tokens)}"
         )
     bad = (tokens < 0) | (tokens >= vocab)
     if bad.any():
@@ -490,6 +557,10 @@ def check_tokens(name, tokens, vocab):
 def check_source(src, lengths, vocab):
     """Raise ValueError unless src (B, S) and lengths (B,) fit, none empty."""
     check_tokens("src", src, vocab)
+    if not is_integer_tensor(lengths):
+        raise ValueError(
+            f"lengths must be a tensor of integers, got {describe(lengths)}"
+        )
     if lengths.dim() != 1 or len(lengths) != len(src):
         raise ValueError(
             f"mismatched batch sizes: src has {len(src)} rows, lengths "
@@ -505,6 +576,11 @@ def check_source(src, lengths, vocab):
 
 def check_batch(src, tgt_in):
     """Raise ValueError unless src and tgt_in have the same batch size."""
+    for name, tokens in (("src", src), ("tgt_in", tgt_in)):
+        if not isinstance(tokens, torch.Tensor):
+            raise ValueError(
+                f"{name} must be a tensor, got {describe(tokens)}"
+            )
     if tgt_in.dim() >= 1 and src.dim() >= 1 and len(tgt_in) != len(src):
         raise ValueError(
             f"mismatched batch sizes: src has {len(src)} rows, tgt_in "
@@ -529,8 +605,12 @@ def greedy(model, src, lengths, steps, cached=True):
     (self-attention caches, cross-attention keys and values), None
     uncached.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if not isinstance(model, Seq2Seq):
+        raise ValueError(f"model must be a Seq2Seq, got {describe(model)}")
+    if not is_count(steps):
         raise ValueError(f"greedy decoding needs steps >= 1, got {steps!r}")
+    if not isinstance(cached, bool):
+        raise ValueError(f"cached must be True or False, got {cached!r}")
     memory, mask = model.encode(src, lengths)
     B = len(src)
     tokens = torch.full((B, 1), model.bos)
@@ -562,7 +642,21 @@ def cache_bytes(caches):
     [per layer]}. A self-attention cache holds K and V of every token fed
     (2 B H t d_k numbers); a cross-attention one those of the source
     (2 B H S d_k), fixed from the first step."""
+    if (
+        not isinstance(caches, tuple)
+        or len(caches) != 2
+        or not isinstance(caches[0], list)
+        or not isinstance(caches[1], list)
+        or len(caches[0]) != len(caches[1])
+    ):
+        raise ValueError(
+            "caches must be what a cached `greedy` returns: (self-attention "
+            f"caches, cross-attention keys and values), got {describe(caches)}"
+        )
     self_caches, kv = caches
+    check_caches(self_caches, len(kv))
+    for pair in kv:
+        check_kv(pair)
     return {
         "self": [cache.nbytes() for cache in self_caches],
         "cross": [
@@ -578,6 +672,8 @@ def torch_key(key):
     """The name here of a parameter of nn.Transformer or one of its parts:
     `in_proj_weight` is `in_proj.weight` (and the bias), `multihead_attn`
     (cross-attention) is `cross_attn`; every other name is the same."""
+    if not isinstance(key, str):
+        raise ValueError(f"key must be a parameter name, got {describe(key)}")
     key = key.replace("in_proj_weight", "in_proj.weight")
     key = key.replace("in_proj_bias", "in_proj.bias")
     return key.replace("multihead_attn.", "cross_attn.")
@@ -590,6 +686,9 @@ def load_torch_weights(module, torch_module):
     Encoder, Decoder, or a module with `encoder` and `decoder` stacks)
     under the names `torch_key` gives; ValueError if the parameters differ
     in name or shape."""
+    for name, m in (("module", module), ("torch_module", torch_module)):
+        if not isinstance(m, nn.Module):
+            raise ValueError(f"{name} must be an nn.Module, got {describe(m)}")
     theirs = {torch_key(k): v for k, v in torch_module.state_dict().items()}
     ours = module.state_dict()
     if isinstance(module, Seq2Seq):  # the stacks only, not the embeddings
@@ -619,9 +718,312 @@ def mirror_weight(weights, lengths):
     with T >= max(lengths); returns (...) pooled over the digits of all
     strings (chapter 9's per-string mean when all strings have one length;
     for a batch and any leading axes)."""
+    check_weights(weights, lengths, rows=True)
+    if len(lengths) == 0:
+        raise ValueError("no strings: the mean weight is undefined")
     total, count = 0, 0
     for w, n in zip(weights, lengths.tolist()):
         rows = torch.arange(n)
         total = total + w[..., rows, n - 1 - rows].sum(dim=-1)
         count += n
     return total / count
+
+
+# --- probes of the trained models (chapter 14) ---------------------------------
+
+ERROR_KINDS = ("right", "unreversed", "other")  # error_kinds' 0, 1, 2
+
+
+def answer_columns(lengths):
+    """The columns an answer is judged on: the n digits and the end token
+    of the longest string (0 for no string)."""
+    return int(lengths.max()) + 1 if len(lengths) else 0
+
+
+def error_kinds(pred, tgt, lengths):
+    """Each string's answer, (B,): 0 right (tgt's n digits and end token),
+    1 unreversed (the source as written: tgt's n digits in reverse order,
+    then the end token; the answer for the string's reversal, which a model
+    that cannot tell the two apart gives), 2 other. pred and tgt are
+    (B, steps) token ids, steps > max(lengths); what follows the end token
+    is not compared, and a palindrome's answer counts as right."""
+    check_answers(pred, tgt, lengths)
+    steps = answer_columns(lengths)
+    pred, tgt = pred[:, :steps], tgt[:, :steps]
+    pos, n = torch.arange(steps), lengths[:, None]
+    compared = pos <= n  # (B, steps): the n digits and the end token
+    mirror = (n - 1 - pos).clamp(min=0)  # the digit a reversal puts at pos
+    unreversed = torch.where(pos < n, tgt.gather(1, mirror), tgt)
+    right = ((pred == tgt) | ~compared).all(dim=1)
+    copied = ((pred == unreversed) | ~compared).all(dim=1)
+    return torch.where(right, 0, torch.where(copied, 1, 2))
+
+
+def first_wrong(pred, tgt, lengths):
+    """Each string's first wrong output position, from 1 (the end token is
+    position n + 1), or 0 for a right answer: (B,)."""
+    check_answers(pred, tgt, lengths)
+    steps = answer_columns(lengths)
+    compared = torch.arange(steps) <= lengths[:, None]  # (B, steps)
+    wrong = (pred[:, :steps] != tgt[:, :steps]) & compared
+    return torch.where(wrong.any(dim=1), wrong.double().argmax(dim=1) + 1, 0)
+
+
+def error_breakdown(pred, tgt, lengths):
+    """Counts over a batch: strings of each kind, {"right", "unreversed",
+    "other"} (`error_kinds`), and "first": [c_1, ..., c_{m+1}], the wrong
+    strings whose first wrong position (`first_wrong`) is 1, ..., m + 1,
+    for m = max(lengths)."""
+    kinds = error_kinds(pred, tgt, lengths)
+    first = first_wrong(pred, tgt, lengths)
+    counts = torch.bincount(kinds, minlength=len(ERROR_KINDS)).tolist()
+    steps = answer_columns(lengths)
+    firsts = torch.bincount(first, minlength=steps + 1)[1:].tolist()
+    return dict(zip(ERROR_KINDS, counts, strict=True)) | {"first": firsts}
+
+
+def largest_weight_position(weights, lengths):
+    """The source position, from 1, that gets the largest weight at each
+    output step, among each string's n real positions (the first of a
+    tie): weights (B, ..., T, S) -> (B, ..., T)."""
+    check_weights(weights, lengths)
+    S = weights.shape[-1]
+    real = torch.arange(S) < lengths[:, None]  # (B, S)
+    real = real.view(len(real), *[1] * (weights.dim() - 2), S)
+    return weights.masked_fill(~real, float("-inf")).argmax(dim=-1) + 1
+
+
+# --- input checks ----------------------------------------------------------------
+
+
+def describe(x):
+    """A short description of x for an error message."""
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"{type(x).__name__} {x!r}"[:80]
+
+
+def is_count(value, minimum=1):
+    """True if value is an integer (not a bool) >= minimum."""
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= minimum
+    )
+
+
+def is_integer_tensor(t):
+    return isinstance(t, torch.Tensor) and not (
+        t.is_floating_point() or t.is_complex() or t.dtype == torch.bool
+    )
+
+
+def is_bool_tensor(t):
+    return isinstance(t, torch.Tensor) and t.dtype == torch.bool
+
+
+def is_float_tensor(t):
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def broadcasts(shape, target):
+    """True if a tensor of `shape` broadcasts to `target` unchanged."""
+    try:
+        return torch.broadcast_shapes(shape, target) == torch.Size(target)
+    except RuntimeError:
+        return False
+
+
+def check_sizes(**sizes):
+    """Raise ValueError unless every size given (d=64, H=4, ...) is a
+    positive integer."""
+    for name, value in sizes.items():
+        if not is_count(value):
+            raise ValueError(
+                f"{name} must be a positive integer, got {value!r}"
+            )
+
+
+def check_positions(positions):
+    """Raise ValueError unless positions is None or one of POSITIONS."""
+    if positions is not None and positions not in POSITIONS:
+        raise ValueError(
+            f"positions must be None or one of {POSITIONS}, got {positions!r}"
+        )
+
+
+def check_vectors(name, x, like=None):
+    """Raise ValueError unless x is a float (B, T, d) tensor; given a tensor
+    `like` (a layer's weight), with its size d (last axis) and dtype."""
+    if not is_float_tensor(x) or x.dim() != 3:
+        raise ValueError(
+            f"{name} must be a float tensor (B, T, d), got {describe(x)}"
+        )
+    if like is None:
+        return
+    if x.shape[-1] != like.shape[-1]:
+        raise ValueError(
+            f"{name} has {x.shape[-1]} features, the layer takes "
+            f"{like.shape[-1]}"
+        )
+    if x.dtype != like.dtype:
+        raise ValueError(
+            f"mixed dtypes: {name} is {x.dtype}, the layer's weights "
+            f"{like.dtype}"
+        )
+
+
+def check_memory(memory, like, name="memory"):
+    """check_vectors, and no empty source: S >= 1 positions."""
+    check_vectors(name, memory, like)
+    if memory.shape[1] == 0:
+        raise ValueError(f"an empty source: {name} has no position")
+
+
+def check_kv(kv):
+    """Raise ValueError unless kv is a pair (K, V) of float (B, H, S, d_k)
+    tensors of one shape and dtype (`CrossAttention.keys_values`); kv."""
+    if (
+        not isinstance(kv, (tuple, list))
+        or len(kv) != 2
+        or not all(is_float_tensor(t) and t.dim() == 4 for t in kv)
+    ):
+        raise ValueError(
+            "kv must be the pair (K, V) of (B, H, S, d_k) tensors that "
+            f"keys_values returns, got {describe(kv)}"
+        )
+    K, V = kv
+    if K.shape != V.shape or K.dtype != V.dtype:
+        raise ValueError(f"K and V differ: {describe(K)} and {describe(V)}")
+    return tuple(kv)
+
+
+def check_cache(cache):
+    """Raise ValueError unless cache is None or a transformer.py `Cache`."""
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(
+            f"cache must be a Cache or None, got {describe(cache)}"
+        )
+
+
+def check_caches(caches, layers):
+    """Raise ValueError unless caches is None or one `Cache` per layer."""
+    if caches is None:
+        return
+    if not isinstance(caches, (list, tuple)) or len(caches) != layers:
+        raise ValueError(
+            f"caches must be a list of {layers} caches, one per layer, got "
+            f"{describe(caches)}"
+        )
+    for cache in caches:
+        check_cache(cache)
+
+
+def check_mask(mask, shape):
+    """Raise ValueError unless mask is None or a boolean tensor that
+    broadcasts to shape."""
+    if mask is not None and not (
+        is_bool_tensor(mask) and broadcasts(mask.shape, shape)
+    ):
+        raise ValueError(
+            f"mask must be a boolean tensor that broadcasts to {tuple(shape)}, "
+            f"got {describe(mask)}"
+        )
+
+
+def check_attention_inputs(Q, K, V, mask=None, bias=None):
+    """Raise ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k) and V
+    (..., T_k, d_v) are float tensors of one dtype with the same leading
+    axes (batch, heads), every query has a key, and mask (boolean) and
+    bias (Q's dtype) broadcast to the scores (..., T_q, T_k). T_q = 0 is
+    allowed: no query, an empty result."""
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not is_float_tensor(t) or t.dim() < 2:
+            raise ValueError(
+                f"{name} must be a float tensor (..., T, d), got {describe(t)}"
+            )
+    if not Q.dtype == K.dtype == V.dtype:
+        raise ValueError(
+            f"mixed dtypes: Q {Q.dtype}, K {K.dtype}, V {V.dtype}"
+        )
+    if not Q.shape[:-2] == K.shape[:-2] == V.shape[:-2]:
+        raise ValueError(
+            f"mismatched batches: Q {tuple(Q.shape)}, K {tuple(K.shape)} and "
+            f"V {tuple(V.shape)} must share their leading axes"
+        )
+    if Q.shape[-1] != K.shape[-1]:
+        raise ValueError(
+            f"queries of size {Q.shape[-1]}, keys of size {K.shape[-1]}"
+        )
+    if K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"{K.shape[-2]} keys but {V.shape[-2]} values")
+    T_q, T_k = Q.shape[-2], K.shape[-2]
+    if T_k == 0 and T_q > 0:
+        raise ValueError("an empty key sequence: the queries have no key")
+    scores = (*Q.shape[:-1], T_k)
+    if bias is not None:
+        if not is_float_tensor(bias) or not broadcasts(bias.shape, scores):
+            raise ValueError(
+                f"bias must be a float tensor that broadcasts to the scores "
+                f"{scores}, got {describe(bias)}"
+            )
+        if bias.dtype != Q.dtype:
+            raise ValueError(f"mixed dtypes: Q {Q.dtype}, bias {bias.dtype}")
+    check_mask(mask, scores)
+    if mask is not None and T_q > 0:
+        check_rows(mask)
+
+
+def check_lengths(lengths):
+    """Raise ValueError unless lengths is a 1-D integer tensor, each >= 1."""
+    if not is_integer_tensor(lengths) or lengths.dim() != 1:
+        raise ValueError(
+            f"lengths must be a 1-D tensor of integers, got {describe(lengths)}"
+        )
+    if (lengths < 1).any():
+        raise ValueError("an empty source: every string needs a digit")
+
+
+def check_answers(pred, tgt, lengths):
+    """Raise ValueError unless pred and tgt are (B, steps) token ids, one
+    row per length, with a column for every digit and the end token."""
+    check_lengths(lengths)
+    for name, t in (("pred", pred), ("tgt", tgt)):
+        if not is_integer_tensor(t) or t.dim() != 2:
+            raise ValueError(
+                f"{name} must be a (B, steps) tensor of token ids, got "
+                f"{describe(t)}"
+            )
+        if len(t) != len(lengths):
+            raise ValueError(
+                f"mismatched batch sizes: {name} has {len(t)} rows, lengths "
+                f"{len(lengths)}"
+            )
+        if t.shape[1] < answer_columns(lengths):
+            raise ValueError(
+                f"{name} has {t.shape[1]} columns, too few for "
+                f"{int(lengths.max())} digits and the end token"
+            )
+
+
+def check_weights(weights, lengths, rows=False):
+    """Raise ValueError unless weights (B, ..., T, S) are float, one row
+    per length, with a source column for every digit (and, with rows=True,
+    an output row for every digit)."""
+    check_lengths(lengths)
+    if not is_float_tensor(weights) or weights.dim() < 3:
+        raise ValueError(
+            f"weights must be a float tensor (B, ..., T, S), got "
+            f"{describe(weights)}"
+        )
+    if len(weights) != len(lengths):
+        raise ValueError(
+            f"mismatched batch sizes: weights have {len(weights)} rows, "
+            f"lengths {len(lengths)}"
+        )
+    longest = int(lengths.max()) if len(lengths) else 0
+    if weights.shape[-1] < longest or (rows and weights.shape[-2] < longest):
+        raise ValueError(
+            f"weights of shape {tuple(weights.shape)} are too small for a "
+            f"string of {longest} digits"
+        )

@@ -147,3 +147,55 @@ def test_same_output(ch14, ch09, stored, monkeypatch):
     assert ch14.same_output(ch14.load_model("none"), src, lengths, shuffle)
     rotary = ch14.load_model("rotary")
     assert not ch14.same_output(rotary, src, lengths, reverse)
+
+
+def test_breakdown_against_loops(ch14, ch09):
+    """The chapter's `breakdown` of answers to strings of one length:
+    right, unreversed (the source as written) and other answers, and the
+    wrong ones by first wrong output digit (1, 2, later), by loops."""
+    n = 5
+    src, _, tgt = ch09.make_reversal_data(60, n, n, 4)
+    gen = torch.Generator().manual_seed(4)
+    pred = tgt.clone()
+    kind = torch.randint(0, 3, (60,), generator=gen)
+    at = torch.randint(0, n + 1, (60,), generator=gen)
+    for b in range(60):
+        if kind[b] == 1:
+            pred[b, :n] = src[b, :n]  # written unreversed
+        elif kind[b] == 2:
+            pred[b, at[b]] = (pred[b, at[b]] + 1) % 13
+    counts = {"right": 0, "unreversed": 0, "other": 0}
+    firsts = {"at 1": 0, "at 2": 0, "later": 0}
+    for p, t, s in zip(pred.tolist(), tgt.tolist(), src.tolist()):
+        if p[: n + 1] == t[: n + 1]:
+            counts["right"] += 1
+            continue
+        counts["unreversed" if p[:n] == s[:n] else "other"] += 1
+        first = next(i for i in range(n + 1) if p[i] != t[i]) + 1
+        firsts[{1: "at 1", 2: "at 2"}.get(first, "later")] += 1
+    assert ch14.breakdown(pred, tgt, n) == counts | firsts
+    assert min(counts.values()) > 0 and min(firsts.values()) > 0
+
+
+def test_looks_at_against_loops(ch14):
+    """`looks_at` counts, at each output digit asked for, the strings whose
+    last layer's mean-of-heads weight is largest on the mirror n + 1 - t
+    and on n - t."""
+    gen = torch.Generator().manual_seed(6)
+    n, B = 6, 50
+    cross = torch.rand(B, 2, 3, n + 1, n, generator=gen, dtype=torch.float64)
+    cross[:, 0] = 0  # the first layer must not count
+    on_mirror, on_left = ch14.looks_at(cross, n, [2, 3, 5])
+    want_mirror, want_left = [], []
+    for t in (2, 3, 5):
+        top = []
+        for b in range(B):
+            mean = [
+                sum(cross[b, 1, h, t - 1, j] for h in range(3))
+                for j in range(n)
+            ]
+            top.append(mean.index(max(mean)) + 1)
+        want_mirror.append(top.count(n + 1 - t))
+        want_left.append(top.count(n - t))
+    assert (on_mirror, on_left) == (want_mirror, want_left)
+    assert min(want_mirror + want_left) > 0

@@ -35,6 +35,7 @@ from seq2seq import (
     Seq2Seq,
     alibi_bias,
     alibi_slopes,
+    attend_biased,
     cache_bytes,
     greedy,
     load_torch_weights,
@@ -70,6 +71,315 @@ def causal(T):
     return torch.ones(T, T, dtype=torch.bool).tril()
 
 
+# --- bad input to every public function (issue 47) ---------------------------
+# Each check names the problem in a ValueError; an empty query or target
+# sequence gives an empty result. First in the file: a planted bug in a
+# check fails here within seconds.
+
+
+def raises(message, function, *args, **kwargs):
+    with pytest.raises(ValueError, match=message):
+        function(*args, **kwargs)
+
+
+def qkv(B=2, H=3, T_q=4, T_k=5, d_k=8, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(0)
+    return tuple(
+        torch.randn(B, H, T, d_k, generator=gen, dtype=dtype)
+        for T in (T_q, T_k, T_k)
+    )
+
+
+def test_alibi_bias_bad_input():
+    pos = torch.arange(3)
+    raises("integer positions", alibi_bias, 4, pos.double(), pos)
+    raises("integer positions", alibi_bias, 4, pos, pos[None])
+    raises("integer positions", alibi_bias, 4, [0, 1], pos)
+    raises("empty key sequence", alibi_bias, 4, pos, pos[:0])
+    raises("float type", alibi_bias, 4, pos, pos, torch.long)
+    assert alibi_bias(4, pos[:0], pos).shape == (4, 0, 3)  # no query
+
+
+def test_attend_biased_bad_input():
+    Q, K, V = qkv()
+    bias = torch.zeros(3, 4, 5, dtype=torch.float64)
+    raises("mixed dtypes: Q", attend_biased, Q.float(), K, V)
+    raises("mixed dtypes: Q", attend_biased, Q, K, V.float())
+    raises("mixed dtypes: Q", attend_biased, Q, K, V, None, bias.float())
+    raises("mismatched batches", attend_biased, Q[:1], K, V)
+    raises("mismatched batches", attend_biased, Q, K[:, :2], V)
+    raises(
+        "queries of size 8, keys of size 4", attend_biased, Q, K[..., :4], V
+    )
+    raises("5 keys but 4 values", attend_biased, Q, K, V[:, :, :4])
+    raises("empty key sequence", attend_biased, Q, K[:, :, :0], V[:, :, :0])
+    raises("float tensor", attend_biased, Q.long(), K, V)
+    raises("bias must be", attend_biased, Q, K, V, None, bias[..., :4])
+    raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 5))
+    raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 6).bool())
+    no_key = torch.ones(4, 5, dtype=torch.bool)
+    no_key[2] = False
+    raises("no key", attend_biased, Q, K, V, no_key, bias)
+    out, weights = attend_biased(Q[:, :, :0], K, V, no_key[:0], bias[:, :0])
+    assert out.shape == (2, 3, 0, 8) and weights.shape == (2, 3, 0, 5)
+
+
+def test_alibi_self_attention_bad_input():
+    attention = seq2seq.AlibiSelfAttention(16, 4, causal=True).double()
+    x = random(2, 5, 16)
+    raises("mixed dtypes: x", attention, x.float())
+    raises("x has 8 features", attention, x[..., :8])
+    raises("float tensor", attention, x[0])
+    raises("cache must be", attention, x, None, "cache")
+    raises("mask must be", attention, x, torch.ones(5, 5))  # float
+    raises("mask must be", attention, x, torch.ones(4, 4).bool())
+    with torch.no_grad():
+        out, weights = attention(x[:, :0])  # no token: no query, no key
+    assert out.shape == (2, 0, 16) and weights.shape == (2, 4, 0, 0)
+
+
+def test_positions_and_sizes_are_checked():
+    raises(
+        "positions must be None or one of",
+        seq2seq.self_attention,
+        16,
+        4,
+        "relative",
+        True,
+    )
+    raises("positions must be None or one of", Encoder, 16, 4, 24, 2, "abs")
+    raises("positions must be None or one of", Decoder, 16, 4, 24, 2, "abs")
+    raises("layers must be a positive integer", Encoder, 16, 4, 24, 0)
+    raises("layers must be a positive integer", Decoder, 16, 4, 24, 1.5)
+    raises("d_ff must be a positive integer", CrossDecoderBlock, 16, 4, 0)
+    raises("vocab must be a positive integer", Seq2Seq, 0)
+    raises("max_len must be a positive integer", Seq2Seq, 13, max_len=0)
+    raises("bos=-1 is outside", Seq2Seq, 13, bos=-1)
+    raises("bos=13 is outside", Seq2Seq, 13, bos=13)
+    raises("layers must be a pair", Seq2Seq, 13, layers=2)
+    raises("layers must be a pair", Seq2Seq, 13, layers=(2, 2, 2))
+    raises("layers must be a pair", Seq2Seq, 13, layers=(2, 0))
+
+
+def test_cross_attention_bad_input():
+    attention = seq2seq.CrossAttention(16, 4).double()
+    memory = random(2, 5, 16)
+    kv = attention.keys_values(memory)
+    x = random(2, 3, 16, seed=1)
+    raises("empty source", attention.keys_values, memory[:, :0])
+    raises("mixed dtypes: memory", attention.keys_values, memory.float())
+    raises("memory has 8 features", attention.keys_values, memory[..., :8])
+    raises("mixed dtypes: x", attention, x.float(), kv)
+    raises("mismatched batches", attention, random(3, 3, 16), kv)
+    raises("kv must be the pair", attention, x, kv[0])
+    raises("kv must be the pair", attention, x, (kv[0], "V"))
+    raises("K and V differ", attention, x, (kv[0], kv[1][:, :, :4]))
+    raises("mixed dtypes: Q", attention, x, (kv[0].float(), kv[1].float()))
+    raises(
+        "no key", attention, x, kv, torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    )
+    with torch.no_grad():
+        out, weights = attention(x[:, :0], kv)  # no query: empty
+    assert out.shape == (2, 0, 16) and weights.shape == (2, 4, 0, 5)
+
+
+def test_decoder_block_bad_input():
+    block = CrossDecoderBlock(16, 4, 24).double()
+    x, memory = random(2, 3, 16), random(2, 5, 16, seed=1)
+    raises("x has 8 features", block, x[..., :8], memory)
+    raises("mixed dtypes: x", block, x.float(), memory.float())
+    raises("mixed dtypes: memory", block, x, memory.float())
+    raises("memory has 8 features", block, x, memory[..., :8])
+    raises("memory must be a float tensor", block, x, memory[0])
+    K, V = block.cross_attn.keys_values(memory)
+    raises("empty source", block, x, (K[:, :, :0], V[:, :, :0]))
+    raises("cache must be", block, x, memory, None, None, "cache")
+    raises("memory_mask must be a boolean", block, x, memory, torch.ones(2, 5))
+    raises("target mask", block, x, memory, None, torch.ones(3, 3))
+    with torch.no_grad():
+        out, _, cross = block(x[:, :0], memory)  # no target token: empty
+    assert out.shape == (2, 0, 16) and cross.shape == (2, 4, 0, 5)
+
+
+def test_stacks_bad_input():
+    encoder = Encoder(16, 4, 24, 2, "alibi").double()
+    decoder = Decoder(16, 4, 24, 2).double()
+    x = random(2, 5, 16)
+    raises("empty source", encoder, x[:, :0])
+    raises("mixed dtypes: x", encoder, x.float())
+    raises("x has 8 features", encoder, x[..., :8])
+    raises("padding_mask", encoder, x, torch.ones(2, 4, dtype=torch.bool))
+    raises("list of 2 caches", decoder, x, x, None, None, [seq2seq.KVCache()])
+    raises("cache must be", decoder, x, x, None, None, [None, "cache"])
+    raises("empty source", decoder.memory_kv, x[:, :0])
+    with torch.no_grad():
+        out, cross = decoder(x[:, :0], x)
+    assert out.shape == (2, 0, 16) and cross.shape == (2, 2, 4, 0, 5)
+
+
+def test_model_bad_input():
+    model = new_model("learned")
+    src, lengths, tgt_in = source(2, 4, seed=1)
+    raises("token ids", model, src.double(), lengths, tgt_in)
+    raises(
+        "lengths must be a tensor of integers",
+        model,
+        src,
+        lengths.double(),
+        tgt_in,
+    )
+    raises("src must be a tensor", model, src.tolist(), lengths, tgt_in)
+    raises("tgt_in must be a tensor", model, src, lengths, tgt_in.tolist())
+    raises('side must be "src" or "tgt"', model.table, "source")
+    x = torch.zeros(2, 3, 16, dtype=torch.float64)
+    raises(
+        "x has 8 features", model.add_positions, x[..., :8], 0, model.src_pos
+    )
+    raises("mixed dtypes: x", model.add_positions, x.float(), 0, model.src_pos)
+    raises("start must be", model.add_positions, x, -1, model.src_pos)
+    raises("learned positions need", model.add_positions, x, 0, None)
+    memory, mask = model.encode(src, lengths)
+    raises(
+        "caches must be a list of 2",
+        model.decode,
+        tgt_in,
+        memory,
+        mask,
+        None,
+        [],
+    )
+    raises(
+        "memory has 8 features", model.decode, tgt_in, memory[..., :8], mask
+    )
+    with torch.no_grad():
+        logits, cross = model(src, lengths, tgt_in[:, :0])  # no target token
+    assert logits.shape == (2, 0, VOCAB) and cross.shape == (2, 2, 4, 0, 4)
+
+
+def test_greedy_and_caches_bad_input():
+    model = new_model("rotary")
+    src, lengths, _ = source(2, 4, seed=1)
+    raises("model must be a Seq2Seq", greedy, None, src, lengths, 3)
+    raises(
+        "cached must be True or False", greedy, model, src, lengths, 3, "yes"
+    )
+    raises("steps >= 1", greedy, model, src, lengths, 2.0)
+    *_, caches = greedy(model, src, lengths, 3)
+    raises("caches must be what a cached", cache_bytes, None)
+    raises(
+        "caches must be what a cached", cache_bytes, (caches[0], caches[1][:1])
+    )
+    raises("cache must be", cache_bytes, (["cache", None], caches[1]))
+    K, V = caches[1][0]
+    raises("K and V differ", cache_bytes, (caches[0], [(K, V[:, :1])] * 2))
+
+
+def test_weight_copy_bad_input():
+    raises("key must be a parameter name", seq2seq.torch_key, 3)
+    block = CrossDecoderBlock(16, 4, 24)
+    raises("torch_module must be an nn.Module", load_torch_weights, block, {})
+    raises("module must be an nn.Module", load_torch_weights, {}, block)
+
+
+def test_probes_bad_input():
+    lengths = torch.tensor([3, 2])
+    tgt = torch.tensor([[5, 4, 3, 2], [4, 3, 2, 0]])
+    weights = torch.rand(2, 4, 3, dtype=torch.float64)
+    for probe in (
+        seq2seq.error_kinds,
+        seq2seq.first_wrong,
+        seq2seq.error_breakdown,
+    ):
+        raises(
+            "pred must be a \\(B, steps\\) tensor",
+            probe,
+            tgt.double(),
+            tgt,
+            lengths,
+        )
+        raises("mismatched batch sizes: tgt", probe, tgt, tgt[:1], lengths)
+        raises("too few for 3 digits", probe, tgt[:, :3], tgt, lengths)
+        raises("every string needs a digit", probe, tgt, tgt, lengths - 2)
+        raises(
+            "lengths must be a 1-D tensor", probe, tgt, tgt, lengths.double()
+        )
+    position = seq2seq.largest_weight_position
+    raises("float tensor \\(B, ..., T, S\\)", position, weights[0], lengths)
+    raises("mismatched batch sizes: weights", position, weights, lengths[:1])
+    raises("too small for a string of 3", position, weights[..., :2], lengths)
+    raises(
+        "too small for a string of 3", mirror_weight, weights[:, :2], lengths
+    )
+    raises("mismatched batch sizes", mirror_weight, weights, lengths[:1])
+    raises("no strings", mirror_weight, weights[:0], lengths[:0])
+    empty = seq2seq.error_kinds(tgt[:0], tgt[:0], lengths[:0])
+    assert empty.shape == (0,)
+
+
+# --- the probes of chapter 14, against loops ----------------------------------
+
+
+def answers(seed):
+    """Targets of strings of 1-6 digits (chapter 9's layout: digits, end
+    token 2, padding 0) and answers: right, unreversed, or changed at one
+    random position, with noise after the end token."""
+    gen = torch.Generator().manual_seed(seed)
+    B, steps = 60, 8
+    lengths = torch.randint(1, 7, (B,), generator=gen)
+    src = torch.randint(3, 13, (B, steps), generator=gen)
+    tgt = torch.zeros(B, steps, dtype=torch.long)
+    pred = torch.randint(0, 13, (B, steps), generator=gen)  # after the end
+    kind = torch.randint(0, 3, (B,), generator=gen)
+    for b, n in enumerate(lengths.tolist()):
+        digits = src[b, :n]
+        tgt[b, :n], tgt[b, n] = digits.flip(0), 2
+        answer = (digits if kind[b] == 1 else digits.flip(0)).tolist() + [2]
+        if kind[b] == 2:
+            k = int(torch.randint(0, n + 1, (1,), generator=gen))
+            answer[k] = (answer[k] + 1) % 13
+        pred[b, : n + 1] = torch.tensor(answer)
+    return pred, tgt, lengths, src
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_error_kinds_and_first_wrong_against_loops(seed):
+    pred, tgt, lengths, src = answers(seed)
+    kinds, firsts = [], []
+    for p, t, n, s in zip(
+        pred.tolist(), tgt.tolist(), lengths.tolist(), src.tolist()
+    ):
+        right = t[: n + 1]
+        unreversed = s[:n] + [2]
+        kinds.append(
+            0 if p[: n + 1] == right else 1 if p[: n + 1] == unreversed else 2
+        )
+        wrong = [i + 1 for i in range(n + 1) if p[i] != right[i]]
+        firsts.append(wrong[0] if wrong else 0)
+    assert seq2seq.error_kinds(pred, tgt, lengths).tolist() == kinds
+    assert seq2seq.first_wrong(pred, tgt, lengths).tolist() == firsts
+    assert set(kinds) == {0, 1, 2}
+    counts = seq2seq.error_breakdown(pred, tgt, lengths)
+    assert [counts[k] for k in ("right", "unreversed", "other")] == [
+        kinds.count(k) for k in range(3)
+    ]
+    assert counts["first"] == [firsts.count(i) for i in range(1, 8)]
+
+
+def test_largest_weight_position_against_loops():
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.rand(4, 2, 3, 5, 6, generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([6, 2, 4, 1])
+    weights[1, ..., 2:] += 1  # padding heavier than every real position
+    got = seq2seq.largest_weight_position(weights, lengths)
+    assert got.shape == (4, 2, 3, 5)
+    for b, n in enumerate(lengths.tolist()):
+        for index in torch.cartesian_prod(
+            *map(torch.arange, (2, 3, 5))
+        ).tolist():
+            row = weights[b][tuple(index)][:n].tolist()
+            assert got[b][tuple(index)] == row.index(max(row)) + 1
+
+
 # --- against PyTorch ---------------------------------------------------------
 
 
@@ -94,6 +404,26 @@ def test_decoder_block_equals_torch_layer(shape):
         assert (got - expected).abs().max() < TOL
     assert (cross.sum(-1) - 1).abs().max() < 1e-12  # weights sum to 1
     assert (cross.masked_select(~real[:, None, None]) == 0).all()  # padding
+
+
+def test_decoder_block_equals_torch_layer_with_dropout_off():
+    """Chapter 14: "the same block when its dropout does nothing (dropout=0,
+    or in evaluation mode)": with dropout 0.1, equal in evaluation mode,
+    not in training mode."""
+    torch.manual_seed(2)
+    theirs = nn.TransformerDecoderLayer(
+        16, 4, 24, dropout=0.1, batch_first=True, norm_first=True
+    ).double()
+    ours = load_torch_weights(CrossDecoderBlock(16, 4, 24).double(), theirs)
+    x, memory = random(3, 5, 16, seed=2), random(3, 7, 16, seed=3)
+    real = padding([7, 3, 5], 7)
+    with torch.no_grad():
+        out = ours(x, memory, real)[0]
+        args = dict(tgt_mask=~causal(5), memory_key_padding_mask=~real)
+        trained = theirs.train()(x, memory, **args)
+        evaluated = theirs.eval()(x, memory, **args)
+    assert (out - evaluated).abs().max() < TOL
+    assert (out - trained).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -125,6 +455,46 @@ def test_stacks_equal_torch_transformer(shape):
         got, cross = decoder(tgt, encoder(src, real), real)
     assert (got - expected).abs().max() < TOL
     assert cross.shape == (B, 3, H, T, S)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_alibi_stacks_equal_torch_with_float_masks(shape):
+    """ALiBi's bias enters nn.Transformer as its float masks (the decoder's
+    with -inf above the diagonal): the ALiBi stacks equal it."""
+    d, H, d_ff, B, T, S, lengths = shape
+    torch.manual_seed(9)
+    theirs = nn.Transformer(
+        d, H, 2, 2, d_ff, dropout=0, batch_first=True, norm_first=True
+    ).double()
+    encoder = load_torch_weights(
+        Encoder(d, H, d_ff, 2, "alibi"), theirs.encoder
+    )
+    decoder = load_torch_weights(
+        Decoder(d, H, d_ff, 2, "alibi"), theirs.decoder
+    )
+    src, tgt = random(B, S, d, seed=10), random(B, T, d, seed=11)
+    real = padding(lengths, S)
+    pad = torch.zeros(B, S, dtype=torch.float64).masked_fill(~real, -math.inf)
+    ref_src = (
+        torch.tensor(slopes(H), dtype=torch.float64)[:, None, None]
+        * -(torch.arange(S)[:, None] - torch.arange(S)[None, :]).abs()
+    )
+    ref_tgt = (
+        torch.tensor(slopes(H), dtype=torch.float64)[:, None, None]
+        * -(torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
+    )
+    ref_tgt = ref_tgt.masked_fill(~causal(T), -math.inf)
+    expected = theirs(
+        src,
+        tgt,
+        src_mask=ref_src.repeat(B, 1, 1),
+        tgt_mask=ref_tgt.repeat(B, 1, 1),
+        src_key_padding_mask=pad,
+        memory_key_padding_mask=pad,
+    )
+    with torch.no_grad():
+        got, _ = decoder.double()(tgt, encoder.double()(src, real), real)
+    assert (got - expected).abs().max() < 1e-13
 
 
 def test_model_stacks_load_from_torch():
@@ -544,3 +914,64 @@ def test_stored_models_reproduce_their_rows():
         logged = table[(table.model == name) & (table.length == n)].iloc[0]
         for key, value in row.items():
             assert value == pytest.approx(logged[key], abs=1e-12), key
+
+
+def test_the_tool_writes_the_stored_json():
+    """tools/train_seq2seq.py's spec, for the stored models, is the stored
+    seq2seq_models.json (so that --only can merge into it)."""
+    spec = json.loads((BOOK / "data" / tool.SPEC).read_text())
+    ch = tool.load_chapter(tool.CHAPTER)
+    assert tool.spec(ch, tool.STEPS, POSITIONS) == spec
+    assert spec["train_set"]["strings"] == ch.TRAIN_SET["n"]
+
+
+def few(data, per_length):
+    """The first strings of each length of data (src, lengths, tgt)."""
+    keep = torch.zeros(len(data[1]), dtype=torch.bool)
+    for n in data[1].unique():
+        keep[(data[1] == n).nonzero()[:per_length, 0]] = True
+    return tuple(part[keep] for part in data)
+
+
+def test_only_merges_into_the_stored_results(tmp_path, monkeypatch):
+    """`--only` trains the models it names and keeps every other model's
+    rows in the log and both tables and its entry in the JSON (issue 47:
+    it overwrote them, and chapter 14 then failed with a KeyError). Tiny
+    models, two steps, a few strings: the files' bookkeeping only."""
+    ch, train_data, test_data, long_data = tool.setup()
+    small = (
+        ch,
+        few(train_data, 8),
+        few(test_data, 2),
+        {11: few(long_data[11], 3)},
+    )
+    monkeypatch.setattr(tool, "setup", lambda: small)
+    sizes = {"d": 8, "H": 2, "d_ff": 8, "layers": [1, 1], "max_len": 10}
+    monkeypatch.setattr(tool, "SIZES", sizes)
+    threads = torch.get_num_threads()
+    args = ["--steps", "2", "--out", str(tmp_path)]
+    try:
+        tool.main([*args, "--only", "sinusoidal", "alibi"])
+        first = {
+            f: pd.read_csv(tmp_path / f)
+            for f in (tool.LOG, tool.TABLE, tool.MAPS)
+        }
+        tool.main([*args, "--only", "rotary"])
+        tool.main([*args, "--only", "alibi", "--evaluate-only"])
+    finally:
+        torch.set_num_threads(threads)
+    spec = json.loads((tmp_path / tool.SPEC).read_text())
+    assert list(spec["models"]) == ["sinusoidal", "rotary", "alibi"]
+    for name, models in (
+        (tool.LOG, ["sinusoidal", "rotary", "alibi"]),
+        (tool.TABLE, ["gru", "sinusoidal", "rotary", "alibi"]),
+        (tool.MAPS, ["gru", "sinusoidal", "rotary", "alibi"]),
+    ):
+        table = pd.read_csv(tmp_path / name)
+        assert list(table.model.unique()) == models, name
+        kept = table[table.model == "sinusoidal"].reset_index(drop=True)
+        before = first[name][first[name].model == "sinusoidal"]
+        pd.testing.assert_frame_equal(kept, before.reset_index(drop=True))
+    with pytest.raises(SystemExit, match="other settings"):  # other steps
+        tool.main(["--steps", "3", "--out", str(tmp_path), "--only", "none"])
+    assert not (tmp_path / "seq2seq" / "none.pt").exists()

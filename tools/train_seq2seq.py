@@ -37,7 +37,16 @@ Stores in book/data/:
   source position, with the weight (averaged over heads) and the target,
   predicted and source tokens;
 - seq2seq_models.json: how to rebuild each model (class, arguments, weights
-  file), the recipe, the data and the seeds.
+  file), the recipe, the data (chapter 9's arguments of
+  `make_reversal_data`, its count of strings `n` stored as `strings`, the
+  name chapter 14 gives it) and the seeds.
+
+`--only` trains (or, with `--evaluate-only`, evaluates) the models named
+and merges them into what --out already holds: their rows of the log and
+the tables, and their entries of the JSON, replace the stored ones, and
+every other model's stay (the GRU is evaluated again each time). A stored
+JSON whose recipe, sizes or data differ from this run's stops it: the
+models of one JSON share them.
 
 Usage: python tools/train_seq2seq.py [--steps N] [--only POSITIONS ...]
 [--out DIR] [--evaluate-only]
@@ -70,6 +79,7 @@ LOG, TABLE, SPEC = (
     "seq2seq_models.json",
 )
 MAPS = "seq2seq_failure_maps.csv"
+MODELS = ("gru", *seq2seq.POSITIONS)  # the order of the stored rows
 
 
 def setup():
@@ -190,6 +200,12 @@ def evaluate(ch, models, test_data, long_data):
     return pd.DataFrame(rows)
 
 
+def data_args(args):
+    """Chapter 9's arguments of make_reversal_data, its count of strings n
+    named `strings` (chapter 14's name; n is a string's digits there)."""
+    return {"strings" if k == "n" else k: v for k, v in args.items()}
+
+
 def spec(ch, steps, trained):
     sizes = SIZES | {"vocab": ch.Vocab.SIZE, "bos": ch.Vocab.BOS}
     return {
@@ -198,8 +214,8 @@ def spec(ch, steps, trained):
         "rebuild": "Seq2Seq(**init), then load_state_dict(torch.load(weights))",
         "dtype": "float32",
         "seed": "torch.manual_seed(0) before Seq2Seq(...)",
-        "train_set": ch.TRAIN_SET,
-        "held_out": ch.HELD_OUT,
+        "train_set": data_args(ch.TRAIN_SET),
+        "held_out": data_args(ch.HELD_OUT),
         "long": {
             "lengths": [LONG_LENGTHS.start, LONG_LENGTHS.stop - 1],
             "per_length": LONG_PER_LENGTH,
@@ -218,6 +234,37 @@ def spec(ch, steps, trained):
     }
 
 
+def merged(path, rows, names):
+    """The table stored at path (if any) without the rows of models
+    `names`, plus `rows` (a DataFrame with a `model` column), ordered by
+    MODELS (each model's rows in their order)."""
+    if "model" not in rows:  # no row at all
+        rows = pd.DataFrame({"model": []})
+    if path.exists():
+        stored = pd.read_csv(path)
+        rows = pd.concat([stored[~stored.model.isin(names)], rows])
+    rank = rows.model.map({m: i for i, m in enumerate(MODELS)}).to_numpy()
+    return rows.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
+
+
+def merged_spec(path, new):
+    """The JSON stored at path (if any) with the models of `new` added or
+    replaced; SystemExit if the rest of the two differ."""
+    if not path.exists():
+        return new
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    rest = {k: v for k, v in new.items() if k != "models"}
+    differ = [k for k in rest if stored.get(k) != rest[k]]
+    if differ or set(stored) != set(new):
+        raise SystemExit(
+            f"{path} was written with other settings ({', '.join(differ)}): "
+            f"retrain every model, or write to another --out"
+        )
+    models = stored["models"] | new["models"]
+    order = [m for m in MODELS if m in models]
+    return stored | {"models": {m: models[m] for m in order}}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=STEPS)
@@ -229,6 +276,8 @@ def main(argv=None):
     ch, train_data, test_data, long_data = setup()
     recipe = ch.RECIPE | {"steps": args.steps}
     (args.out / "seq2seq").mkdir(parents=True, exist_ok=True)
+    if not args.evaluate_only:  # stop before training if it cannot merge
+        merged_spec(args.out / SPEC, spec(ch, args.steps, args.only))
     rows = []
     for positions in [] if args.evaluate_only else args.only:
         model = new_model(ch, positions)
@@ -251,8 +300,10 @@ def main(argv=None):
             f"{wall:.1f} s wall"
         )
     if rows:
-        pd.DataFrame(rows).to_csv(args.out / LOG, index=False)
-        text = json.dumps(spec(ch, args.steps, args.only), indent=2)
+        log = merged(args.out / LOG, pd.DataFrame(rows), args.only)
+        log.to_csv(args.out / LOG, index=False)
+        new = spec(ch, args.steps, args.only)
+        text = json.dumps(merged_spec(args.out / SPEC, new), indent=2)
         (args.out / SPEC).write_text(text + "\n", encoding="utf-8")
     models = {
         "gru": (ch.load_trained(BOOK / "data" / GRU, attend=True), False)
@@ -260,13 +311,16 @@ def main(argv=None):
     for positions in args.only:
         models[positions] = (load(ch, positions, args.out), True)
     table = evaluate(ch, models, test_data, long_data)
-    table.to_csv(args.out / TABLE, index=False)
+    merged(args.out / TABLE, table, list(models)).to_csv(
+        args.out / TABLE, index=False
+    )
     maps = [
         {"model": name} | row
         for name, (model, transformer) in models.items()
         for row in failing_map(ch, model, long_data, transformer)
     ]
-    pd.DataFrame(maps).to_csv(args.out / MAPS, index=False)
+    maps = merged(args.out / MAPS, pd.DataFrame(maps), list(models))
+    maps.to_csv(args.out / MAPS, index=False)
 
 
 if __name__ == "__main__":
