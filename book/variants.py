@@ -234,11 +234,12 @@ class MultiHeadLatentAttention(nn.Module):
     per token, eq. 9) by W_UK and W_UV (eqs. 10-11); a rotary key k_R =
     RoPE(W_KR h) of size d_R is shared by the heads (eq. 15) and joined to
     each head's key (eq. 17), a rotary query part to each query (eqs. 14,
-    16); the scale is sqrt(d_h + d_R) (eq. 18). Three departures from
+    16); the scale is sqrt(d_h + d_R) (eq. 18). Four departures from
     DeepSeek-V2: queries come from h directly (the compression of queries,
     eqs. 12-13, only saves activation memory in training); no RMSNorm
-    after the latent (section 3.1.2 adds one); and W_DKV, W_KR, W_O and
-    the query projections have biases (DeepSeek's have none).
+    after the latent and no extra scaling factor on it (section 3.1.2 adds
+    both); and W_DKV, W_KR, W_O and the query projections have biases
+    (DeepSeek's have none).
 
     RoPE is never applied to the rebuilt keys: a rotation between W_UK and
     the query would depend on the key's position, so W_UK could not be
@@ -469,17 +470,31 @@ def linear_attention_parallel(Q, K, V):
     """Causal linear attention of features Q, K = phi(queries), phi(keys)
     (B, H, T, d_k) and values V (B, H, T, d_v), all tokens at once
     (Katharopoulos et al. section 3.3): the masked phi(Q) phi(K)^T V,
-    divided row by row by the masked phi(Q) phi(K)^T 1. (B, H, T, d_v)."""
+    divided row by row by the masked phi(Q) phi(K)^T 1. (B, H, T, d_v).
+    The features must make every such sum positive (phi > 0, as elu + 1):
+    ValueError for a sum <= 0, which would give NaN or a sign flip."""
     check_heads_inputs(Q, K, V)
     A = (Q @ K.transpose(-2, -1)).tril()  # (B, H, T, T), key j <= query i
-    return (A @ V) / A.sum(dim=-1, keepdim=True)
+    denominators = A.sum(dim=-1, keepdim=True)
+    check_denominators(denominators)
+    return (A @ V) / denominators
+
+
+def check_denominators(denominators):
+    """Raise ValueError unless every phi(q_t) . z_t is positive."""
+    if (denominators <= 0).any():
+        raise ValueError(
+            "a query's features phi(q_t) . z_t, summed over its allowed keys, "
+            "is <= 0: linear attention needs positive features (elu + 1)"
+        )
 
 
 def linear_attention_recurrent(Q, K, V, state=None):
     """The same one token at a time (section 3.4): per head a state S
     (d_k, d_v) += phi(k) v^T and a normaliser z (d_k) += phi(k); the output
-    is phi(q)^T S / phi(q)^T z. `state` (S, z) continues an earlier call;
-    returns the outputs (B, H, T, d_v) and the new (S, z)."""
+    is phi(q)^T S / phi(q)^T z, which must be positive (ValueError
+    otherwise, as the parallel form). `state` (S, z) continues an earlier
+    call; returns the outputs (B, H, T, d_v) and the new (S, z)."""
     if state is not None and (not isinstance(state, tuple) or len(state) != 2):
         raise ValueError("state must be None or a tuple (S, z)")
     S, z = (None, None) if state is None else state
@@ -492,7 +507,9 @@ def linear_attention_recurrent(Q, K, V, state=None):
         S = S + k[..., :, None] * v[..., None, :]  # + phi(k_t) v_t^T
         z = z + k
         numerator = (q[..., None, :] @ S)[..., 0, :]  # (B, H, d_v)
-        outputs.append(numerator / (q * z).sum(dim=-1, keepdim=True))
+        denominator = (q * z).sum(dim=-1, keepdim=True)
+        check_denominators(denominator)
+        outputs.append(numerator / denominator)
     if T == 0:  # no token: no output, the state unchanged
         return Q.new_zeros(B, H, 0, d_v), (S, z)
     return torch.stack(outputs, dim=2), (S, z)

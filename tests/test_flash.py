@@ -499,6 +499,15 @@ def test_no_query_gives_an_empty_result_and_zero_gradients(causal):
     assert C.shape == (2, 3, 0, 5) and lse.shape == (2, 3, 0)
 
 
+@pytest.mark.parametrize("causal", [False, True, "bottom-right"])
+def test_flash_attention_refuses_d_k_zero(causal):
+    """d_k = 0 would divide the scores by sqrt(0): a ValueError naming d_k,
+    not a ZeroDivisionError."""
+    q, k, v = qkv(4, 5, d_v=3)
+    with pytest.raises(ValueError, match="d_k >= 1"):
+        flash.flash_attention(q[..., :0], k[..., :0], v, causal)
+
+
 def backward_inputs(T=9):
     q, k, v = qkv(T, d_v=5)
     C, lse = flash.fast_attention(q, k, v, return_lse=True)

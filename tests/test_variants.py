@@ -283,6 +283,27 @@ def test_linear_attention_parallel_equals_the_sums_and_the_recurrence():
     assert_close(torch.cat([first, rest], 2), parallel, **EXACT)
 
 
+def test_linear_attention_refuses_features_that_sum_to_zero_or_less():
+    """Zero features (phi(q_t) . z_t = 0) would give 0 / 0 = NaN, negative
+    ones a sign flip: both forms raise a ValueError naming the sum."""
+    Q, K, V = qkv()
+    zeros = torch.zeros_like(Q)
+    calls = [
+        lambda q, k: v.linear_attention_parallel(q, k, V),
+        lambda q, k: v.linear_attention_recurrent(q, k, V),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"is <= 0: linear attention"):
+            call(zeros, zeros)
+        with pytest.raises(ValueError, match=r"is <= 0: linear attention"):
+            call(torch.ones_like(Q), -torch.ones_like(K))
+        ones = torch.ones_like(Q)
+        one_zero = ones.clone()
+        one_zero[1, 2, 6] = 0  # one query's features all 0: only it fails
+        with pytest.raises(ValueError, match=r"is <= 0: linear attention"):
+            call(one_zero, ones)
+
+
 def reference_gated_delta(Q, K, V, beta, alpha):
     """Gated DeltaNet as its paper writes it, S (d_v, d_k) per head:
     S_t = S_{t-1} alpha_t (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,
