@@ -14,7 +14,8 @@ Both implement the cache interface of transformer.py (`Cache`):
   tokens (keys="channel"), the last incomplete group kept unquantised.
 
 `quantize` and `dequantize` are the absmax 8-bit code that `Int8Cache` uses
-for its keys and values.
+for its keys and values; `check_keys` is the check both caches make of the
+keys and values they are given.
 """
 
 import torch
@@ -32,11 +33,24 @@ def quantize(x, dim, scale=None):
     gets scale 1 and codes 0, stored exactly. A given scale must be > 0 and
     broadcast against x, with |x| <= 127.5 scales (larger raises ValueError).
     """
+    check_floats("x", x)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ValueError(f"dim must be an integer, got {dim!r}")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim {dim} is out of range for x of {x.dim()} axes")
+    if x.shape[dim] == 0:
+        raise ValueError(
+            f"x {tuple(x.shape)} is empty along dim {dim}: no absmax to "
+            f"scale by"
+        )
+    if not torch.isfinite(x).all():
+        raise ValueError("x holds NaN or infinite values: no absmax scale")
     if scale is None:
         scale = x.abs().amax(dim=dim, keepdim=True) / LEVELS
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     else:
         scale = torch.as_tensor(scale, dtype=x.dtype)
+        check_broadcast("the scale", scale, x)
         if not (scale > 0).all():
             raise ValueError(f"the scale must be > 0, got {scale.min()}")
         if (x.abs() > (LEVELS + 0.5) * scale).any():
@@ -49,7 +63,73 @@ def quantize(x, dim, scale=None):
 
 def dequantize(codes, scale):
     """The numbers that int8 codes and their scale stand for."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int8:
+        raise ValueError(f"codes must be an int8 tensor, got {_kind(codes)}")
+    check_floats("the scale", scale)
+    check_broadcast("the scale", scale, codes)
     return codes.to(scale.dtype) * scale
+
+
+def _kind(x):
+    """A short description of x for an error message."""
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def check_floats(name, x):
+    """Raise ValueError unless x is a floating-point tensor."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(
+            f"{name} must be a floating-point tensor, got {_kind(x)}"
+        )
+
+
+def check_broadcast(name, a, x):
+    """Raise ValueError unless tensor a broadcasts against x's shape."""
+    try:
+        shape = torch.broadcast_shapes(a.shape, x.shape)
+    except RuntimeError:
+        shape = None
+    if shape != x.shape:
+        raise ValueError(
+            f"{name} {tuple(a.shape)} does not broadcast against "
+            f"{tuple(x.shape)}"
+        )
+
+
+def check_keys(K, V, held=None):
+    """Raise ValueError unless K and V are floating-point tensors (B, G, T,
+    d_k) of one shape and dtype, with B, G and d_k >= 1 (T may be 0), and,
+    if the cache already holds a tensor `held` (B, G, *, d_k), of its batch,
+    heads, size and dtype."""
+    check_floats("K", K)
+    check_floats("V", V)
+    if K.dim() != 4:
+        raise ValueError(f"K must be (B, G, T, d_k), got {tuple(K.shape)}")
+    if V.shape != K.shape:
+        raise ValueError(
+            f"V {tuple(V.shape)} does not match K {tuple(K.shape)}"
+        )
+    if V.dtype != K.dtype:
+        raise ValueError(f"mixed dtypes: K is {K.dtype}, V is {V.dtype}")
+    B, G, _, d_k = K.shape
+    if min(B, G, d_k) < 1:
+        raise ValueError(
+            f"K {tuple(K.shape)} has an empty batch, head or key axis"
+        )
+    if held is not None:
+        if (B, G, d_k) != (held.shape[0], held.shape[1], held.shape[-1]):
+            raise ValueError(
+                f"K {tuple(K.shape)} does not match the cache's batch, "
+                f"heads and key size (B, G, d_k) = "
+                f"{(held.shape[0], held.shape[1], held.shape[-1])}: one "
+                f"cache serves one batch of one layer"
+            )
+        if K.dtype != held.dtype:
+            raise ValueError(
+                f"the cache holds {held.dtype} keys, got {K.dtype}"
+            )
 
 
 def check_tokens(name, n, low=0):
@@ -91,11 +171,18 @@ class SinkCache(Cache):
 
     def slots(self, pos):
         """Slot of each position: sinks first, then a rolling window."""
+        if not isinstance(pos, torch.Tensor) or pos.is_floating_point():
+            raise ValueError(
+                f"positions must be an integer tensor, got {_kind(pos)}"
+            )
+        if (pos < 0).any():
+            raise ValueError(f"positions must be >= 0, got {pos.min()}")
         return torch.where(pos < self.s, pos, self.s + (pos - self.s) % self.w)
 
     def update(self, K, V):
         """Store K, V (B, G, T, d_k); the keys, values and positions of every
         slot for the new tokens' queries (-1: an empty slot)."""
+        check_keys(K, V, self.K)
         T = K.shape[-2]
         if T > 1 and self.length + T > self.capacity:
             raise ValueError(
@@ -149,7 +236,10 @@ class Int8Cache(Cache):
     `group` tokens (keys="channel", KIVI); the tokens of an incomplete group
     stay in the input's precision until the group is full. Scales are kept
     in the input's dtype. `update` returns the keys and values as read back
-    from the cache, the new tokens' own included.
+    from the cache, the new tokens' own included. `crop` may cut into the
+    unquantised rest, or between groups; a cut into a quantised key group
+    raises ValueError: that group's scales were set by tokens it drops, and
+    its kept keys' own values are gone.
     """
 
     def __init__(self, keys="token", group=32):
@@ -168,6 +258,7 @@ class Int8Cache(Cache):
     def update(self, K, V):
         """Quantise and store K, V (B, G, T, d_k); every key and value so
         far, dequantised, and their positions."""
+        check_keys(K, V, None if self.parts is None else self.parts["K_rest"])
         T = K.shape[-2]
         if self.parts is None:
             self.parts = self.empty(K)
@@ -192,6 +283,7 @@ class Int8Cache(Cache):
 
     def empty(self, K):
         """Empty codes, scales and unquantised rest, shaped like K."""
+        check_keys(K, K)
         B, G, _, d_k = K.shape
         codes = torch.zeros(B, G, 0, d_k, dtype=torch.int8)
         k_width = 1 if self.keys == "token" else d_k
@@ -205,6 +297,7 @@ class Int8Cache(Cache):
 
     def read_keys(self):
         """Every key held, dequantised, followed by the unquantised rest."""
+        self.check_started()
         p = self.parts
         if self.keys == "token":
             keys = dequantize(p["K"], p["K_scale"])
@@ -215,7 +308,15 @@ class Int8Cache(Cache):
 
     def read_values(self):
         """Every value held, dequantised."""
+        self.check_started()
         return dequantize(self.parts["V"], self.parts["V_scale"])
+
+    def check_started(self):
+        """Raise ValueError if no keys have been stored yet."""
+        if self.parts is None:
+            raise ValueError(
+                "the cache holds no keys yet: call update(K, V) first"
+            )
 
     def nbytes(self):
         """Bytes of the codes, the scales and the unquantised keys."""
@@ -226,39 +327,79 @@ class Int8Cache(Cache):
         )
 
     def crop(self, n):
-        """Keep the first n tokens; a cut key group returns, dequantised,
-        to the unquantised rest."""
+        """Keep the first n tokens, as if the later ones had never come: cut
+        into the unquantised keys or between key groups (keys="channel");
+        ValueError for a cut into a quantised group."""
         self.check_crop(n)
         if self.parts is None:
             return
         p = self.parts
-        p["V"], p["V_scale"] = p["V"][..., :n, :], p["V_scale"][..., :n, :]
-        if self.keys == "token":
-            p["K"], p["K_scale"] = p["K"][..., :n, :], p["K_scale"][..., :n, :]
-        else:
-            keys = self.read_keys()[..., :n, :]
-            full = n // self.group  # groups still whole
+        if self.keys == "channel":
+            quantised = p["K"].shape[-2]  # tokens in whole, quantised groups
+            if n < quantised and n % self.group:
+                start = n - n % self.group
+                raise ValueError(
+                    f"cannot crop to {n} tokens: keys {start} to {n - 1} "
+                    f"share their group's per-channel scales with the "
+                    f"dropped keys after them (to {start + self.group - 1}), "
+                    f"and their unquantised values are gone; crop to a "
+                    f"multiple of {self.group}, to {quantised} or more, or "
+                    f"use keys='token'"
+                )
+            full = min(n, quantised) // self.group  # whole groups kept
             p["K"] = p["K"][..., : full * self.group, :]
             p["K_scale"] = p["K_scale"][..., :full, :]
-            p["K_rest"] = keys[..., full * self.group :, :]
+            p["K_rest"] = p["K_rest"][..., : max(0, n - quantised), :]
+        else:
+            p["K"], p["K_scale"] = p["K"][..., :n, :], p["K_scale"][..., :n, :]
+        p["V"], p["V_scale"] = p["V"][..., :n, :], p["V_scale"][..., :n, :]
         self.length = n
 
 
 @torch.no_grad()
 def stepwise_logits(model, x, caches):
-    """Logits (B, T, vocab) of x (B, T) fed one token per call into caches."""
-    if x.dim() != 2 or x.shape[1] < 1:
-        raise ValueError(f"x must be (B, T) with T >= 1, got {tuple(x.shape)}")
+    """Logits (B, T, vocab) of x (B, T) fed one token per call into caches
+    (T = 0: an empty result, the caches unchanged)."""
+    vocab = model.readout.out_features
+    check_ids("x", x, vocab)
+    if x.dim() != 2 or x.shape[0] < 1:
+        raise ValueError(f"x must be (B, T) with B >= 1, got {tuple(x.shape)}")
     if len(caches) != len(model.blocks):
         raise ValueError(
             f"{len(caches)} caches for {len(model.blocks)} blocks: give one "
             f"per block"
         )
+    if x.shape[1] == 0:
+        dtype = model.readout.weight.dtype
+        return torch.zeros(x.shape[0], 0, vocab, dtype=dtype)
     return torch.cat([model(x[:, [t]], caches) for t in range(x.shape[1])], 1)
+
+
+def check_ids(name, ids, vocab):
+    """Raise ValueError unless ids is an integer tensor of tokens in
+    0..vocab-1."""
+    integer = isinstance(ids, torch.Tensor) and not (
+        ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
+    )
+    if not integer:
+        raise ValueError(f"{name} must hold integer token ids: {_kind(ids)}")
+    outside = ids[(ids < 0) | (ids >= vocab)]
+    if len(outside):
+        raise ValueError(
+            f"{name} holds token {int(outside[0])}, outside the vocabulary "
+            f"0..{vocab - 1}"
+        )
 
 
 def position_losses(logits, y):
     """Cross-entropy (nats, float64) at each position, mean over rows: (T,)."""
+    check_floats("logits", logits)
+    if logits.dim() != 3 or logits.shape[0] < 1 or logits.shape[-1] < 1:
+        raise ValueError(
+            f"logits must be (B, T, vocab) with B, vocab >= 1, got "
+            f"{tuple(logits.shape)}"
+        )
+    check_ids("y", y, logits.shape[-1])
     if logits.shape[:2] != y.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} do not match targets "

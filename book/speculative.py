@@ -11,7 +11,7 @@ in float64).
 
 import torch
 
-from gpt import check_new, check_prompt
+from gpt import GPT, check_new, check_prompt
 
 
 @torch.no_grad()
@@ -25,14 +25,7 @@ def speculative(model, draft, prompt, n_new, k, spare=None):
     tokens kept. A rolling cache needs k slots beyond its window for that:
     `spare` (default k; fewer lets `crop` raise ValueError).
     """
-    check_prompt(prompt)
-    check_new(n_new)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(
-            f"k, the tokens proposed per round, must be >= 1: {k!r}"
-        )
-    if draft.readout.out_features != model.readout.out_features:
-        raise ValueError("the draft and the main model need the same vocab")
+    check_speculative(model, draft, prompt, n_new, k, spare)
     spare = k if spare is None else spare
     main_caches = model.new_caches(spare)
     draft_caches = draft.new_caches(spare)
@@ -59,3 +52,31 @@ def speculative(model, draft, prompt, n_new, k, spare=None):
         for cache in draft_caches:
             cache.crop(min(keep, cache.length))
     return torch.tensor(tokens), proposed, accepted
+
+
+def check_speculative(model, draft, prompt, n_new, k, spare):
+    """Raise ValueError unless `speculative` can run on these arguments: two
+    GPTs with one vocabulary, a prompt of token ids in it, n_new and k >= 1,
+    spare None or >= 0."""
+    for name, net in (("model", model), ("draft", draft)):
+        if not isinstance(net, GPT):
+            raise ValueError(f"{name} must be a GPT, got {type(net).__name__}")
+    check_prompt(prompt)
+    check_new(n_new)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(
+            f"k, the tokens proposed per round, must be >= 1: {k!r}"
+        )
+    vocab = model.readout.out_features
+    if draft.readout.out_features != vocab:
+        raise ValueError("the draft and the main model need the same vocab")
+    outside = prompt[(prompt < 0) | (prompt >= vocab)]
+    if len(outside):
+        raise ValueError(
+            f"the prompt holds token {int(outside[0])}, outside the "
+            f"vocabulary 0..{vocab - 1}"
+        )
+    if spare is not None and (
+        isinstance(spare, bool) or not isinstance(spare, int) or spare < 0
+    ):
+        raise ValueError(f"spare must be None or an integer >= 0: {spare!r}")

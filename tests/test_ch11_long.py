@@ -222,15 +222,91 @@ def test_int8_cache_per_channel():
     assert cache.nbytes() == 2 * (
         16 * 6 + 23 * 6 + 23 * 4 + 2 * 6 * 4 + 7 * 6 * 4
     )
-    cache.crop(
-        12
-    )  # into the second group: its first 4 keys return to the rest
-    again, _, _ = cache.update(K[..., 12:16, :], K[..., 12:16, :])
-    assert torch.equal(again[..., :8, :], keys[..., :8, :])
+    with pytest.raises(ValueError, match="cannot crop to 12 tokens"):
+        cache.crop(12)  # into the second group, quantised with 12..15
+    cache.crop(20)  # into the unquantised rest
+    assert cache.parts["K_rest"].shape[-2] == 4
+    cache.crop(8)  # between groups: the second group and the rest go
+    again, _, _ = cache.update(K[..., 8:16, :], K[..., 8:16, :])
+    torch.testing.assert_close(again, keys[..., :16, :], rtol=0, atol=0)
     assert (
         cache.parts["K"].shape[-2] == 16
         and cache.parts["K_rest"].shape[-2] == 0
     )
+
+
+def fed(cache, K, V, calls):
+    """Feed K, V (B, G, T, d_k) to cache in calls of the given sizes; the
+    keys and values of the last call."""
+    start = 0
+    for size in calls:
+        out = cache.update(
+            K[..., start : start + size, :], V[..., start : start + size, :]
+        )
+        start += size
+    return out
+
+
+@pytest.mark.parametrize("keys", ["token", "channel"])
+def test_int8_crop_then_continue_as_if_never_seen(keys):
+    """Tokens dropped by crop leave no trace: crop-then-continue gives what a
+    cache that never saw them gives, or crop refuses (keys="channel", a cut
+    into a quantised group)."""
+    gen = torch.Generator().manual_seed(8)
+    K, V, dropped = (
+        torch.randn(2, 3, 30, 6, generator=gen, dtype=torch.float64)
+        * torch.tensor([1, 40, 1, 1, 7, 1.0], dtype=torch.float64)
+        for _ in range(3)
+    )
+    group, refused, cut, kinds = 4, [], [], set()
+    for n in range(1, 18):
+        for d in (1, 3, 6):  # d tokens dropped, fed with the n kept or after
+            whole = (n + d) // group * group  # keys in quantised groups
+            if n < whole and n % group:
+                cut.append((n, d))
+            kinds.add(
+                "rest" if n >= whole else "cut" if n % group else "between"
+            )
+            for calls in ([n + d], [n, d]):
+                seen = caches.Int8Cache(keys, group=group)
+                fed(
+                    seen,
+                    torch.cat([K[..., :n, :], dropped[..., :d, :]], dim=-2),
+                    torch.cat([V[..., :n, :], dropped[..., :d, :]], dim=-2),
+                    calls,
+                )
+                try:
+                    seen.crop(n)
+                except ValueError:
+                    refused.append((n, d))
+                    continue
+                never = caches.Int8Cache(keys, group=group)
+                fed(never, K, V, [n])
+                rest = [1, 12, 30 - n - 13]  # then the same calls to both
+                a = fed(seen, K[..., n:, :], V[..., n:, :], rest)
+                b = fed(never, K[..., n:, :], V[..., n:, :], rest)
+                for x, y in zip(a, b, strict=True):
+                    torch.testing.assert_close(x, y, rtol=0, atol=0)
+                assert seen.nbytes() == never.nbytes()
+    assert kinds == {"rest", "between", "cut"}
+    assert refused == (
+        [] if keys == "token" else [c for c in cut for _ in "ab"]
+    )
+
+
+def test_int8_crop_in_the_model_as_if_never_seen(model, tokens):
+    """The same in the model: a verification call's rejected tokens leave
+    no trace in the next logits (group 4, a crop into the rest)."""
+    made = [caches.Int8Cache("channel", group=4) for _ in model.blocks]
+    never = [caches.Int8Cache("channel", group=4) for _ in model.blocks]
+    with torch.no_grad():
+        model(tokens[:, :13], made)  # 3 groups and 1 key of the rest
+        model(tokens.flip(1)[:, :2], made)  # 2 tokens to reject
+        for cache in made:
+            cache.crop(13)
+        model(tokens[:, :13], never)
+        a, b = model(tokens[:, 13:20], made), model(tokens[:, 13:20], never)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_int8_cache_in_the_model_is_close(model, tokens):
@@ -266,3 +342,120 @@ def test_position_losses(tokens):
         logits.double().transpose(1, 2), tokens, reduction="none"
     ).mean(0)
     torch.testing.assert_close(per, expected, rtol=0, atol=1e-12)
+
+
+def test_quantize_bad_input():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    for bad, word in (
+        ([[1.0, 2.0]], "floating-point tensor"),
+        (torch.ones(3, 4, dtype=torch.long), "floating-point tensor"),
+        (torch.zeros(3, 0), "empty along dim"),
+        (torch.tensor([[1.0, float("nan")]]), "NaN or infinite"),
+        (torch.tensor([[1.0, float("inf")]]), "NaN or infinite"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            caches.quantize(bad, dim=-1)
+    for dim in (2, -3, 1.0):
+        with pytest.raises(ValueError, match="dim"):
+            caches.quantize(x, dim)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        caches.quantize(x, -1, scale=torch.ones(2, 1))
+    codes, scale = caches.quantize(x, -1)
+    for bad_codes, bad_scale, word in (
+        (codes.float(), scale, "int8 tensor"),
+        (codes, scale.long(), "floating-point tensor"),
+        (codes, scale[:2], "does not broadcast"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            caches.dequantize(bad_codes, bad_scale)
+
+
+def keys_and_values(B=2, G=3, T=5, d_k=4, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(1)
+    return tuple(
+        torch.randn(B, G, T, d_k, generator=gen, dtype=dtype) for _ in "KV"
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: caches.SinkCache(2, 8),
+        lambda: caches.Int8Cache("token"),
+        lambda: caches.Int8Cache("channel", group=2),
+    ],
+    ids=["sink", "int8-token", "int8-channel"],
+)
+def test_caches_bad_keys(make):
+    K, V = keys_and_values()
+    for args, word in (
+        ((K, V.double()), "mixed dtypes"),
+        ((K, V[..., :4, :]), "does not match K"),
+        ((K[0], V[0]), r"\(B, G, T, d_k\)"),
+        ((K.long(), V), "floating-point tensor"),
+        ((K[..., :0], V[..., :0]), "empty batch, head or key axis"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            make().update(*args)
+    cache = make()
+    cache.update(K, V)
+    for args, word in (
+        ((K[:1], V[:1]), "batch, heads and key size"),  # another batch
+        ((K[:, :2], V[:, :2]), "batch, heads and key size"),
+        ((K[..., :2], V[..., :2]), "batch, heads and key size"),
+        ((K.double(), V.double()), "holds torch.float32 keys"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            cache.update(*[x[..., :1, :] for x in args])
+    assert cache.length == 5  # nothing stored by the refused calls
+    keys, _, pos = cache.update(K[..., :0, :], V[..., :0, :])  # T = 0
+    held = pos >= 0  # a sink cache returns its empty slots too
+    assert cache.length == 5 and held.sum() == 5
+    torch.testing.assert_close(keys[..., held, :], K, atol=0.05, rtol=0)
+
+
+def test_sink_slots_and_int8_order_bad_input():
+    cache = caches.SinkCache(2, 4)
+    with pytest.raises(ValueError, match="integer tensor"):
+        cache.slots(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match=">= 0"):
+        cache.slots(torch.tensor([3, -1]))
+    assert cache.slots(torch.tensor([0, 1, 2, 5, 6])).tolist() == [
+        0,
+        1,
+        2,
+        5,
+        2,
+    ]
+    fresh = caches.Int8Cache("channel")
+    for read in (fresh.read_keys, fresh.read_values):
+        with pytest.raises(ValueError, match="call update"):
+            read()
+    with pytest.raises(ValueError, match=r"\(B, G, T, d_k\)"):
+        fresh.empty(torch.zeros(3, 4))
+
+
+def test_stepwise_logits_and_losses_bad_input(model, tokens):
+    for x, word in (
+        (tokens.double(), "integer token ids"),
+        (tokens.clamp(max=VOCAB - 2) + 1 - 2 * (tokens == 0), "token -1"),
+        (torch.where(tokens == 3, VOCAB, tokens), f"token {VOCAB},"),
+        (tokens[:0], "B >= 1"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            caches.stepwise_logits(model, x, model.new_caches())
+    empty = caches.stepwise_logits(model, tokens[:, :0], model.new_caches())
+    assert empty.shape == (2, 0, VOCAB) and empty.dtype == torch.float64
+    logits = torch.zeros(2, 5, VOCAB, dtype=torch.float64)
+    y = tokens[:, :5]
+    for args, word in (
+        ((logits, y.clamp(max=0) + VOCAB), f"token {VOCAB}, outside"),
+        ((logits, y - VOCAB), "outside the vocabulary"),
+        ((logits, y.double()), "integer token ids"),
+        ((logits.long(), y), "floating-point tensor"),
+        ((logits[0], y), r"\(B, T, vocab\)"),
+        ((logits[:0], y[:0]), "B, vocab >= 1"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            caches.position_losses(*args)
+    assert caches.position_losses(logits[:, :0], y[:, :0]).shape == (0,)

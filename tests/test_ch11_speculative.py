@@ -9,7 +9,7 @@ import torch
 from conftest import load_chapter
 
 import speculative as spec
-from gpt import GPT, greedy
+from gpt import GPT, Decoder, greedy
 from transformer import KVCache
 
 VOCAB = 23
@@ -148,6 +148,18 @@ def test_bad_input(models, prompts):
     other = GPT(VOCAB + 1, d=16, H=2, layers=1, d_ff=32).double()
     with pytest.raises(ValueError, match="same vocab"):
         spec.speculative(main, other, prompts[1], 5, 2)
+    for bad in (VOCAB, -1):  # a token outside the vocabulary
+        prompt = torch.cat([prompts[1], torch.tensor([bad])])
+        with pytest.raises(ValueError, match=f"token {bad}, outside"):
+            spec.speculative(main, draft, prompt, 5, 2)
+    for spare in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="spare must be"):
+            spec.speculative(main, draft, prompts[1], 5, 2, spare=spare)
+    stepper = Decoder(main, 64)  # not a GPT: no cached GPT calls
+    with pytest.raises(ValueError, match="model must be a GPT"):
+        spec.speculative(stepper, draft, prompts[1], 5, 2)
+    with pytest.raises(ValueError, match="draft must be a GPT"):
+        spec.speculative(main, stepper, prompts[1], 5, 2)
 
 
 @pytest.fixture(scope="module")

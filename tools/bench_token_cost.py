@@ -16,15 +16,18 @@ machine may be shared):
   recorded with chapter 11's OpLog and replayed one after the other
   without the model's Python code around them, per operation;
 - matmul ceiling: float32 GFLOP/s of a MATMUL x MATMUL matrix product,
-  timed by tools/bench_attention.py's function (`matmul_ceiling`, chapter
-  8's compute roof), here on the thread's CPU clock;
+  timed by tools/bench_attention_timing.py's function (`matmul_ceiling`,
+  chapter 8's compute roof), here on the thread's CPU clock;
 - generate: chapter 10's greedy generation with and without the cache
   after a 16-character prompt, 128, 256 and 512 new tokens, timed by
   tools/bench_gpt.py's function (`generation_rows`).
 
 FLOPs and bytes of each step come from chapter 11's equation ch11-cost
 (its function `cost`). One row per measurement, each with the machine's
-name -> book/data/bench_token_cost.csv. Fresh times are never asserted; chapter 11
+name -> book/data/bench_token_cost.csv. Its columns T and n are equation
+ch11-cost's T and n in the prefill and decode rows; in the generation rows
+they hold the prompt's length and the tokens generated (chapter 11's P and
+N), in the matmul row T holds MATMUL. Fresh times are never asserted; chapter 11
 asserts bounds on the stored ones. Usage: python tools/bench_token_cost.py
 """
 
@@ -163,7 +166,7 @@ def bench_bandwidth():
 
 
 def bench_matmul():
-    """Chapter 8's compute roof, by tools/bench_attention.py's function."""
+    """Chapter 8's compute roof, by tools/bench_attention_timing.py's function."""
     args = parse_args(["--matmul-size", str(MATMUL), "--clock", "cpu"])
     gflops, median, repeats = matmul_ceiling(args)
     flops = 2 * MATMUL**3
