@@ -40,6 +40,9 @@ transformer.py. A source is a padded (B, S) tensor of token ids with its
 lengths (B,): position j of row b is real if j < lengths[b].
 """
 
+import math
+from statistics import NormalDist
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -764,6 +767,8 @@ def first_wrong(pred, tgt, lengths):
     position n + 1), or 0 for a right answer: (B,)."""
     check_answers(pred, tgt, lengths)
     steps = answer_columns(lengths)
+    if steps == 0:  # no strings: argmax has no column to reduce
+        return torch.zeros(0, dtype=torch.long)
     compared = torch.arange(steps) <= lengths[:, None]  # (B, steps)
     wrong = (pred[:, :steps] != tgt[:, :steps]) & compared
     return torch.where(wrong.any(dim=1), wrong.double().argmax(dim=1) + 1, 0)
@@ -780,6 +785,33 @@ def error_breakdown(pred, tgt, lengths):
     steps = answer_columns(lengths)
     firsts = torch.bincount(first, minlength=steps + 1)[1:].tolist()
     return dict(zip(ERROR_KINDS, counts, strict=True)) | {"first": firsts}
+
+
+def wilson_interval(k, n, level=0.95):
+    """Wilson's score interval for a proportion: k successes in n trials
+    (an accuracy over n held-out strings), at the given level."""
+    if not (is_count(n) and is_count(k, minimum=0)) or k > n:
+        raise ValueError(f"need counts 0 <= k <= n and n >= 1, got {k=}, {n=}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    p, z2 = k / n, z * z / n
+    centre = (p + z2 / 2) / (1 + z2)
+    half = z / (1 + z2) * math.sqrt(p * (1 - p) / n + z2 / (4 * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def difference_interval(k1, n1, k2, n2, level=0.95):
+    """The interval for p1 - p2, two independent proportions k1/n1 and
+    k2/n2, from their Wilson intervals (Newcombe 1998, method 10)."""
+    l1, u1 = wilson_interval(k1, n1, level)
+    l2, u2 = wilson_interval(k2, n2, level)
+    p1, p2 = k1 / n1, k2 / n2
+    d = p1 - p2
+    return (
+        d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2),
+        d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2),
+    )
 
 
 def largest_weight_position(weights, lengths):
@@ -1021,6 +1053,8 @@ def check_weights(weights, lengths, rows=False):
             f"mismatched batch sizes: weights have {len(weights)} rows, "
             f"lengths {len(lengths)}"
         )
+    if not torch.isfinite(weights).all():
+        raise ValueError("weights contain NaN or infinite values")
     longest = int(lengths.max()) if len(lengths) else 0
     if weights.shape[-1] < longest or (rows and weights.shape[-2] < longest):
         raise ValueError(

@@ -314,6 +314,65 @@ def test_probes_bad_input():
     raises("no strings", mirror_weight, weights[:0], lengths[:0])
     empty = seq2seq.error_kinds(tgt[:0], tgt[:0], lengths[:0])
     assert empty.shape == (0,)
+    nan = weights.clone()
+    nan[1, 0, 1] = float("nan")
+    for probe in (mirror_weight, position):
+        raises("NaN or infinite", probe, nan, lengths)
+        raises("NaN or infinite", probe, weights / 0, lengths)
+
+
+def test_probes_of_no_strings():
+    """An empty batch: no kinds, no first errors, zero counts (as
+    error_kinds), not an IndexError from argmax over no column."""
+    E, L = (
+        torch.zeros(0, 3, dtype=torch.long),
+        torch.zeros(0, dtype=torch.long),
+    )
+    assert seq2seq.error_kinds(E, E, L).shape == (0,)
+    first = seq2seq.first_wrong(E, E, L)
+    assert first.shape == (0,) and first.dtype == torch.long
+    assert seq2seq.error_breakdown(E, E, L) == {
+        "right": 0,
+        "unreversed": 0,
+        "other": 0,
+        "first": [],
+    }
+
+
+# --- binomial intervals ------------------------------------------------------
+
+
+def test_wilson_interval_against_scipy():
+    from scipy.stats import binomtest
+
+    for k, n in [(72, 249), (51, 200), (0, 200), (200, 200), (1, 3), (5, 7)]:
+        for level in (0.95, 0.8):
+            ci = binomtest(k, n).proportion_ci(level, method="wilson")
+            got = seq2seq.wilson_interval(k, n, level)
+            assert got == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
+def test_difference_interval_against_newcombe():
+    """Newcombe (1998), Statistics in Medicine 17:873-890, Table II,
+    method 10, examples (a), (b), (d), (e), and its symmetry."""
+    for (k1, n1, k2, n2), expected in [
+        ((56, 70, 48, 80), (0.0524, 0.3339)),
+        ((9, 10, 3, 10), (0.1705, 0.8090)),
+        ((5, 56, 0, 29), (-0.0381, 0.1926)),
+        ((0, 10, 0, 20), (-0.1611, 0.2775)),
+    ]:
+        low, high = seq2seq.difference_interval(k1, n1, k2, n2)
+        assert (low, high) == pytest.approx(expected, abs=5e-5)
+        back = seq2seq.difference_interval(k2, n2, k1, n1)
+        assert back == pytest.approx((-high, -low), abs=1e-12)
+
+
+def test_intervals_bad_input():
+    for k, n in [(3, 2), (-1, 5), (1, 0), (1.0, 5), (True, 5)]:
+        raises("need counts", seq2seq.wilson_interval, k, n)
+        raises("need counts", seq2seq.difference_interval, 1, 5, k, n)
+    for level in (0, 1, float("nan")):
+        raises("level must be in", seq2seq.wilson_interval, 1, 5, level)
 
 
 # --- the probes of chapter 14, against loops ----------------------------------
