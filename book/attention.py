@@ -46,6 +46,11 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
             raise ValueError(
                 f"{name} must have shape (..., T, size), got {tuple(t.shape)}"
             )
+        if t.dtype != Q.dtype or t.device != Q.device:
+            raise ValueError(
+                f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
+                f"{Q.device}: Q, K and V need one dtype and one device"
+            )
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} contains NaN or infinite values")
     if Q.shape[-1] != K.shape[-1]:
@@ -58,8 +63,10 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
             f"every key needs one value: "
             f"K has {K.shape[-2]} rows, V has {V.shape[-2]}"
         )
-    if K.shape[-2] == 0:
-        raise ValueError("attention needs at least one key")
+    if K.shape[-2] == 0 and Q.shape[-2] > 0:  # no query: an empty result
+        raise ValueError(
+            f"attention needs at least one key for its {Q.shape[-2]} queries"
+        )
     try:
         batch = torch.broadcast_shapes(
             Q.shape[:-2], K.shape[:-2], V.shape[:-2]

@@ -8,8 +8,12 @@ Every diagram has an opaque white background and dark ink, so that it reads
 the same on the site's light and dark pages.
 """
 
+import numbers
+
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import is_color_like
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 INK = "#222222"
@@ -28,9 +32,18 @@ COLORS = {
 
 def new_diagram(width, height, figsize=None):
     """A blank canvas of `width` x `height` data units; returns (fig, ax)."""
-    if width <= 0 or height <= 0:
+    if not (is_positive(width) and is_positive(height)):
         raise ValueError(
-            f"a diagram needs a positive size, got {width} x {height}"
+            f"a diagram needs a positive size, got {width!r} x {height!r}"
+        )
+    if figsize is not None and not (
+        isinstance(figsize, tuple | list)
+        and len(figsize) == 2
+        and all(is_positive(f) for f in figsize)
+    ):
+        raise ValueError(
+            f"figsize must be None or (width, height) in inches, got "
+            f"{figsize!r}"
         )
     if figsize is None:
         scale = min(9.0 / width, 6.0 / height)
@@ -45,11 +58,54 @@ def new_diagram(width, height, figsize=None):
 
 def fill(color):
     """A colour of COLORS by name, or any matplotlib colour as it is."""
-    return COLORS.get(color, color)
+    if isinstance(color, str) and color in COLORS:
+        return COLORS[color]
+    if not is_color_like(color) or color is None:
+        raise ValueError(
+            f"{color!r} is neither a name of COLORS ({', '.join(COLORS)}) "
+            f"nor a matplotlib colour"
+        )
+    return color
+
+
+def number(x):
+    """float(x) for a finite real number (a NumPy or torch scalar too),
+    else None."""
+    if isinstance(x, str | bytes | bool):
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) else None
+
+
+def is_positive(x):
+    """True for a finite real number > 0."""
+    x = number(x)
+    return x is not None and x > 0
+
+
+def check_drawing(ax, **points):
+    """Raise ValueError unless ax is matplotlib Axes and each point is an
+    (x, y) pair of finite numbers."""
+    if not isinstance(ax, Axes):
+        raise ValueError(f"ax must be matplotlib Axes, got {ax!r}")
+    for name, point in points.items():
+        pair = not isinstance(point, str) and len(np.shape(point)) == 1
+        if not (pair and len(point) == 2 and None not in map(number, point)):
+            raise ValueError(
+                f"{name} must be an (x, y) pair of numbers, got {point!r}"
+            )
 
 
 def box(ax, center, text, width=1.6, height=0.7, color="neutral", **text_kw):
     """A rounded box centred at `center` with `text` inside; returns the box."""
+    check_drawing(ax, center=center)
+    if not (is_positive(width) and is_positive(height)):
+        raise ValueError(
+            f"a box needs a positive size, got {width!r} x {height!r}"
+        )
     x, y = center
     patch = FancyBboxPatch(
         (x - width / 2, y - height / 2),
@@ -75,6 +131,7 @@ def box(ax, center, text, width=1.6, height=0.7, color="neutral", **text_kw):
 
 def arrow(ax, start, end, text=None, offset=(0.0, 0.15), **text_kw):
     """An arrow from `start` to `end`, with an optional label near its middle."""
+    check_drawing(ax, start=start, end=end, offset=offset)
     ax.add_patch(
         FancyArrowPatch(
             start,
@@ -117,10 +174,17 @@ def grid(
     `cmap` instead (NaN cells are drawn hatched, as masked). `label` is
     written under the grid. Returns the grid's (x0, y0, x1, y1) extent.
     """
+    check_drawing(ax, origin=origin)
+    if not all(isinstance(n, numbers.Integral) for n in (rows, cols)):
+        raise ValueError(
+            f"rows and cols must be integers, got {rows!r}, {cols!r}"
+        )
     if rows < 1 or cols < 1:
         raise ValueError(
             f"a grid needs at least one cell, got {rows} x {cols}"
         )
+    if not is_positive(cell):
+        raise ValueError(f"cell must be a positive size, got {cell!r}")
     if shade is not None:
         shade = np.asarray(shade, dtype=float)
         if shade.shape != (rows, cols):

@@ -50,9 +50,14 @@ def _as_array(x, what):
     if hasattr(x, "detach"):  # a torch tensor
         x = x.detach().cpu().numpy()
     try:
-        a = np.asarray(x, dtype=np.float64)
+        a = np.asarray(x)
+        if np.iscomplexobj(a):
+            raise ValueError("complex numbers")
+        a = a.astype(np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{what} is not an array of numbers: {e}") from None
+        raise ValueError(
+            f"{what} is not an array of real numbers: {e}"
+        ) from None
     return a
 
 
@@ -60,6 +65,14 @@ def _token_list(tokens, what):
     if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
         raise ValueError(f"{what} must be a list of strings, got {tokens!r}")
     return list(tokens)
+
+
+def check_precision(precision):
+    """Raise ValueError unless precision is an int from 1 to 8."""
+    if type(precision) is not int or not 1 <= precision <= 8:
+        raise ValueError(
+            f"precision must be an int from 1 to 8: {precision!r}"
+        )
 
 
 def _plural(n, word):
@@ -168,9 +181,8 @@ def attention_explorer(
         raise ValueError(f"sequences differ in layers or heads: {shapes}")
     if n_layers == 0 or n_heads == 0:
         raise ValueError(f"no layer or no head in shape {shapes[0]}")
-    if not isinstance(precision, int) or not 1 <= precision <= 8:
-        raise ValueError(f"precision must be an int from 1 to 8: {precision}")
-    if first_position not in (0, 1) or isinstance(first_position, bool):
+    check_precision(precision)
+    if type(first_position) is not int or first_position not in (0, 1):
         raise ValueError(f"first_position must be 0 or 1: {first_position!r}")
     if figure is not None and not isinstance(figure, str):
         raise ValueError(f"figure must be a string: {figure!r}")
@@ -196,6 +208,8 @@ def attention_explorer(
     def names(given, count, word):
         if given is None:
             return [f"{word} {i + 1}" for i in range(count)]
+        if not hasattr(given, "__iter__"):
+            raise ValueError(f"the {word} names must be a list: {given!r}")
         given = [str(g) for g in given]
         if len(given) != count:
             raise ValueError(f"{len(given)} {word} names for {count} {word}s")
@@ -264,8 +278,7 @@ def distance_to_tie(weights, precision=PRECISION):
         flat = _as_array(weights, "weights").ravel()
     if flat.size == 0 or not np.isfinite(flat).all():
         raise ValueError("weights are empty or hold NaN or inf")
-    if not isinstance(precision, int) or not 1 <= precision <= 8:
-        raise ValueError(f"precision must be an int from 1 to 8: {precision}")
+    check_precision(precision)
     scaled = flat * 10.0**precision
     return float(np.abs(scaled - np.floor(scaled) - 0.5).min()) / 10**precision
 

@@ -25,9 +25,46 @@ from transformer import (
     RotarySelfAttention,
     allowed_positions,
     attend,
+    check_count,
+    check_keys_values,
     frequencies,
     rotary,
+    shape_of,
 )
+
+TOKEN_DTYPES = (torch.int64, torch.int32)  # what F.embedding takes as ids
+
+
+def embed_tokens(tokens, weight):
+    """F.embedding(tokens, weight): row t of weight (vocab, d) for each
+    token id t. ValueError for ids that are not int64 or int32, or outside
+    0 ... vocab - 1; the range is checked only when the lookup fails, so a
+    call adds no operation."""
+    if (
+        not isinstance(tokens, torch.Tensor)
+        or tokens.dtype not in TOKEN_DTYPES
+    ):
+        raise ValueError(
+            f"tokens must be a tensor of int64 or int32 token ids, got "
+            f"{shape_of(tokens)}"
+        )
+    try:
+        return F.embedding(tokens, weight)
+    except IndexError:
+        vocab = len(weight)
+        bad = tokens[(tokens < 0) | (tokens >= vocab)]
+        raise ValueError(
+            f"token id {int(bad[0])} is outside the vocabulary 0 ... "
+            f"{vocab - 1}"
+        ) from None
+
+
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding whose lookup names a token id outside the vocabulary
+    (embed_tokens) instead of raising an IndexError."""
+
+    def forward(self, tokens):
+        return embed_tokens(tokens, self.weight)
 
 
 class GPT(nn.Module):
@@ -62,8 +99,9 @@ class GPT(nn.Module):
                 "G, w and backend set chapter 10's attention; with "
                 "attention=..., the variant's layers set their own"
             )
+        check_sizes(vocab, layers, context)  # integers >= 1
         self.context, self.w = context, w
-        self.embed = nn.Embedding(vocab, d)
+        self.embed = TokenEmbedding(vocab, d)  # nn.Embedding, named errors
         self.blocks = nn.ModuleList(
             DecoderBlock(d, H, d_ff, G, w, backend) for _ in range(layers)
         )
@@ -79,13 +117,8 @@ class GPT(nn.Module):
         or a list of them with None for a layer that has no weights (a
         variant without a weight matrix, such as linear attention, or the
         "flash" and "sdpa" backends)."""
-        seen = 0 if caches is None else caches[0].length
-        if self.w is None and seen + tokens.shape[1] > self.context:
-            raise ValueError(
-                f"{seen + tokens.shape[1]} tokens exceed the context of "
-                f"{self.context}"
-            )
-        x, weights = self.embed(tokens), []  # (B, T, d)
+        check_forward(self, tokens, caches)  # ValueError: shapes, caches
+        x, weights = self.embed(tokens), []  # (B, T, d); ValueError: a bad id
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
             x, A = block(x, cache=cache, return_weights=True)
@@ -113,12 +146,96 @@ class GPT(nn.Module):
         return caches
 
 
+def check_forward(model, tokens, caches):
+    """Raise ValueError unless the GPT model can take tokens (B, T) and
+    caches: None, or one cache per block, each its own, all at one length
+    (the blocks run in order at every call) and holding B rows; with room
+    in the context for T more tokens (no limit with a window)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        raise ValueError(
+            f"tokens must be (B, T) token ids, got {shape_of(tokens)}"
+        )
+    seen = 0
+    if caches is not None:
+        check_caches(caches, len(model.blocks), "model.new_caches()")
+        seen = caches[0].length
+        held = [getattr(c, "K", None) for c in caches]  # keys, if any
+        rows = {K.shape[0] for K in held if torch.is_tensor(K)}
+        if rows - {tokens.shape[0]}:
+            raise ValueError(
+                f"the caches hold {rows.pop()} rows, the tokens "
+                f"{tokens.shape[0]}: a cache serves one batch"
+            )
+    if model.w is None and seen + tokens.shape[1] > model.context:
+        raise ValueError(
+            f"{seen + tokens.shape[1]} tokens exceed the context of "
+            f"{model.context}"
+        )
+
+
+def check_sizes(vocab, layers, context):
+    """Raise ValueError unless vocab, layers and context are integers >= 1."""
+    check_count("vocab", vocab)
+    check_count("layers", layers)
+    check_count("context", context)
+
+
+def check_caches(caches, layers, make):
+    """Raise ValueError unless caches is a list of `layers` caches, each its
+    own, all at one length; `make` names the call that builds them."""
+    if not isinstance(caches, list | tuple) or len(caches) != layers:
+        got = len(caches) if isinstance(caches, list | tuple) else caches
+        raise ValueError(
+            f"caches must be a list of {layers} caches, one per layer "
+            f"({make}), got {got!r}"
+        )
+    if not all(isinstance(c, Cache) for c in caches):
+        raise ValueError(f"caches must be Cache objects ({make})")
+    if len({id(c) for c in caches}) < layers:
+        raise ValueError(f"each layer needs its own cache ({make})")
+    lengths = [c.length for c in caches]
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            f"the caches hold {lengths} tokens: every layer's cache must "
+            f"see every call, in order"
+        )
+
+
 def get_batch(data, B, T, gen):
     """B random windows of T tokens and their next tokens: (x, y), (B, T)."""
+    check_batch(data, B, T, gen)
     starts = torch.randint(len(data) - T, (B,), generator=gen)
     x = torch.stack([data[s : s + T] for s in starts])
     y = torch.stack([data[s + 1 : s + T + 1] for s in starts])
     return x, y
+
+
+def check_batch(data, B, T, gen=None):
+    """Raise ValueError unless data is a 1-d tensor of token ids longer than
+    T, B >= 1 and T >= 0 integers, and gen a torch.Generator or None."""
+    if not isinstance(data, torch.Tensor) or data.dim() != 1:
+        raise ValueError(f"data must be a 1-d tensor, got {shape_of(data)}")
+    if data.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"data must hold token ids, got {data.dtype}")
+    check_count("B", B)
+    check_count("T", T, 0)
+    if len(data) <= T:
+        raise ValueError(
+            f"a window of T={T} tokens and its next token need {T + 1} "
+            f"tokens, data has {len(data)}"
+        )
+    if gen is not None and not isinstance(gen, torch.Generator):
+        raise ValueError(f"gen must be a torch.Generator, got {gen!r}")
+
+
+def check_training(data, steps, B, T, lr):
+    """Raise ValueError unless steps >= 0, T >= 1, lr > 0 and a batch of
+    B windows of T tokens fits in data."""
+    check_count("steps", steps, 0)
+    check_count("T", T)
+    check_batch(data, B, T)
+    if not isinstance(lr, int | float) or not 0 < lr < float("inf"):
+        raise ValueError(f"lr must be a number > 0, got {lr!r}")
 
 
 def train(model, data, steps, B=32, T=128, lr=3e-3, seed=0, extra_loss=None):
@@ -126,6 +243,7 @@ def train(model, data, steps, B=32, T=128, lr=3e-3, seed=0, extra_loss=None):
     `extra_loss`, each step's loss also adds extra_loss(step, weights),
     the attention weights of that step (chapter 12's sparse model); the
     returned losses stay the cross-entropy alone."""
+    check_training(data, steps, B, T, lr)
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
@@ -150,6 +268,7 @@ def train(model, data, steps, B=32, T=128, lr=3e-3, seed=0, extra_loss=None):
 @torch.no_grad()
 def validation_loss(model, x, y, rows=64):
     """Mean cross-entropy (nats) of the model on x, y (N, T), `rows` at a time."""
+    check_targets(model, x, y, rows)
     total = 0.0
     for i in range(0, len(x), rows):
         logits = model(x[i : i + rows]).double()
@@ -157,6 +276,27 @@ def validation_loss(model, x, y, rows=64):
             logits.flatten(0, 1), y[i : i + rows].flatten(), reduction="sum"
         ).item()
     return total / y.numel()
+
+
+def check_targets(model, x, y, rows):
+    """Raise ValueError unless x and y are (N, T) token ids of one shape,
+    not empty, y's within the model's vocabulary, and rows >= 1."""
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be (N, T), got {shape_of(t)}")
+        if t.dtype not in TOKEN_DTYPES:
+            raise ValueError(f"{name} must hold token ids, got {t.dtype}")
+    if x.shape != y.shape or x.numel() == 0:
+        raise ValueError(
+            f"x and y must have one non-empty shape, got {tuple(x.shape)} "
+            f"and {tuple(y.shape)}"
+        )
+    vocab = model.readout.out_features
+    if y.min() < 0 or y.max() >= vocab:
+        raise ValueError(
+            f"a target in y is outside the vocabulary 0 ... {vocab - 1}"
+        )
+    check_count("rows", rows)
 
 
 class StaticCache(Cache):
@@ -236,6 +376,7 @@ class BatchCache(StaticCache):
     def update(self, K, V):
         """Write each row's T new tokens after its own; return views of the
         slots in use, with positions (B, slots), -1 where a row has none."""
+        check_keys_values(K, V, self.K)
         B, G, T, d_k = K.shape
         if B != len(self.lengths):
             raise ValueError(
@@ -311,6 +452,7 @@ class Decoder:
             )
         self.H, self.G, self.d_k, self.w = attn.H, attn.G, attn.d_k, model.w
         self.d = model.embed.weight.shape[1]
+        check_count("capacity", capacity)
         self.capacity = capacity
         if capacity > model.context and model.w is None:
             raise ValueError(
@@ -354,6 +496,44 @@ class Decoder:
             return [StaticCache(self.capacity) for _ in self.layers]
         return [BatchCache(self.capacity, B) for _ in self.layers]
 
+    def check_step(self, tokens, caches):
+        """Raise ValueError unless tokens is (B, T) and caches this
+        decoder's: one StaticCache per layer (BatchCaches of B rows), each
+        its own, at one length, with room for T more tokens, and holding
+        keys of its heads, size and dtype."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            raise ValueError(
+                f"tokens must be (B, T) token ids, got {shape_of(tokens)}"
+            )
+        check_caches(caches, len(self.layers), "decoder.new_caches()")
+        B, T = tokens.shape
+        for cache in caches:
+            if not isinstance(cache, StaticCache):
+                raise ValueError(
+                    f"a Decoder steps static caches (decoder.new_caches()),"
+                    f" got {type(cache).__name__}"
+                )
+            if isinstance(cache, BatchCache) and len(cache.lengths) != B:
+                raise ValueError(
+                    f"the batch caches hold {len(cache.lengths)} rows, the "
+                    f"tokens {B}: new_caches(B) for another batch"
+                )
+            if cache.capacity > self.capacity:
+                raise ValueError(
+                    f"a cache of {cache.capacity} slots, this decoder's "
+                    f"tables of {self.capacity} positions: "
+                    f"decoder.new_caches()"
+                )
+            want = (B, self.G, self.d_k, self.embed.dtype)
+            K = cache.K
+            if K is not None and (*K.shape[:2], K.shape[-1], K.dtype) != want:
+                raise ValueError(
+                    f"a cache holds keys (B, G, d_k, dtype) = "
+                    f"{(*K.shape[:2], K.shape[-1], K.dtype)}, this step needs "
+                    f"{want}: caches serve one decoder and one batch"
+                )
+        caches[0].check_room(T)
+
     def rotate(self, x, pos):
         """Rotate x (B, T, heads, d_k) by positions (T,) or (B, T)."""
         if not self.tables:
@@ -379,11 +559,11 @@ class Decoder:
 
     def step(self, tokens, caches):
         """Logits (B, T, vocab) of tokens (B, T) after the cached ones."""
+        self.check_step(tokens, caches)  # before the tables are indexed
         B, T = tokens.shape
         H, G, d_k, d = self.H, self.G, self.d_k, self.d
-        caches[0].check_room(T)  # before the tables are indexed
         pos_q = caches[0].next_positions(T)  # (T,) or (B, T)
-        x = F.embedding(tokens, self.embed)  # (B, T, d)
+        x = embed_tokens(tokens, self.embed)  # (B, T, d)
         for (n1w, n1b, Wi, bi, Wo, bo, n2w, n2b, W1, b1, W2, b2), cache in zip(
             self.layers, caches
         ):
@@ -410,7 +590,7 @@ def check_prompt(prompt, name="the prompt"):
         raise ValueError(f"{name} must be a 1-d tensor of token ids")
     if len(prompt) == 0:
         raise ValueError(f"{name} is empty: there is no last token to extend")
-    if prompt.is_floating_point():
+    if prompt.is_floating_point() or prompt.dtype in (torch.bool,):
         raise ValueError(f"{name} must hold integer token ids")
 
 
@@ -426,6 +606,8 @@ def greedy(model, prompt, n_new, caches="growing"):
     the model has a window),
     "static" (StaticCache) or None (no cache: every step runs the model
     over all tokens so far); a Decoder always uses static caches."""
+    if not isinstance(model, GPT | Decoder):
+        raise ValueError(f"model must be a GPT or a Decoder, got {model!r}")
     check_prompt(prompt)
     check_new(n_new)
     P = len(prompt)

@@ -7,6 +7,7 @@ scale from 0 to 1 so that two heatmaps can be compared by eye.
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 
 
 def plot_attention(
@@ -19,11 +20,7 @@ def plot_attention(
     colorbar=True,
 ):
     """Draw a matrix of attention weights as a labelled heatmap."""
-    weights = np.asarray(weights, dtype=float)
-    if weights.ndim != 2:
-        raise ValueError(
-            f"weights must be a 2-D matrix (queries x keys), got shape {weights.shape}"
-        )
+    weights = check_heatmap(weights, query_labels, key_labels, ax)
     n_q, n_k = weights.shape
     if len(query_labels) != n_q or len(key_labels) != n_k:
         raise ValueError(
@@ -59,3 +56,35 @@ def plot_attention(
             image, ax=ax, fraction=0.046, pad=0.04, label="attention weight"
         )
     return ax
+
+
+def check_heatmap(weights, query_labels, key_labels, ax):
+    """The weights as a float array; ValueError unless they are a finite,
+    non-empty (queries, keys) matrix (an array or a tensor), the labels two
+    lists and ax None or matplotlib Axes."""
+    if hasattr(weights, "detach"):  # a torch tensor, maybe with a gradient
+        weights = weights.detach().cpu().numpy()
+    try:
+        weights = np.asarray(weights)
+        if np.iscomplexobj(weights):
+            raise ValueError("complex numbers")
+        weights = weights.astype(float)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"weights are not a matrix of real numbers: {e}"
+        ) from None
+    if weights.ndim != 2 or weights.size == 0:
+        raise ValueError(
+            f"weights must be a non-empty 2-D matrix (queries x keys), got "
+            f"shape {weights.shape}"
+        )
+    if not np.isfinite(weights).all():
+        raise ValueError("weights hold NaN or inf: nothing to colour")
+    for name, labels in (("query", query_labels), ("key", key_labels)):
+        if isinstance(labels, str) or not hasattr(labels, "__len__"):
+            raise ValueError(
+                f"{name}_labels must be a list of labels, got {labels!r}"
+            )
+    if ax is not None and not isinstance(ax, Axes):
+        raise ValueError(f"ax must be matplotlib Axes or None, got {ax!r}")
+    return weights

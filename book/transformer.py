@@ -31,6 +31,7 @@ from flash import flash_attention
 
 def attend(Q, K, V, mask=None):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights)."""
+    check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -38,15 +39,93 @@ def attend(Q, K, V, mask=None):
     return weights @ V, weights
 
 
+def shape_of(x):
+    """A tensor's shape and dtype, or the type of anything else, for errors."""
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)} {x.dtype}"
+    return type(x).__name__
+
+
+def check_count(name, n, low=1):
+    """Raise ValueError unless n is an integer >= low."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < low:
+        raise ValueError(
+            f"{name} must be an integer >= {low}, got {name}={n!r}"
+        )
+
+
+def check_qkv(Q, K, V, mask=None):
+    """Raise ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k) and
+    V (..., T_k, d_v) are floating-point tensors of one dtype and device
+    whose leading axes broadcast, with a key for any query, and mask is None
+    or a boolean tensor that broadcasts to the scores (..., T_q, T_k).
+    Shapes only, never values: no tensor operation is added to a step."""
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor")
+        if t.dim() < 2:
+            raise ValueError(
+                f"{name} must be (..., T, size), got {shape_of(t)}"
+            )
+        if t.dtype != Q.dtype or t.device != Q.device:
+            raise ValueError(
+                f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
+                f"{Q.device}: Q, K and V need one dtype and one device"
+            )
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(
+            f"Q (..., T_q, d_k), K (..., T_k, d_k) and V (..., T_k, d_v) do "
+            f"not fit: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V "
+            f"{tuple(V.shape)}"
+        )
+    if K.shape[-2] == 0 and Q.shape[-2] > 0:  # no query: an empty result
+        raise ValueError(
+            f"attention needs at least one key for its {Q.shape[-2]} queries"
+        )
+    try:
+        batch = torch.broadcast_shapes(
+            Q.shape[:-2], K.shape[:-2], V.shape[:-2]
+        )
+    except RuntimeError:
+        raise ValueError(
+            f"batch axes do not match: Q {tuple(Q.shape)}, K {tuple(K.shape)}"
+            f", V {tuple(V.shape)}"
+        ) from None
+    if mask is not None:
+        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
+
+
+def check_mask(mask, scores_shape):
+    """Raise ValueError unless mask is a boolean tensor that broadcasts to
+    scores_shape (no larger)."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a boolean tensor (True = attend), got "
+            f"{shape_of(mask)}"
+        )
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the "
+            f"scores' shape {tuple(scores_shape)}"
+        )
+
+
 def check_heads(d, H):
     """Raise ValueError unless H >= 1 heads divide the model size d."""
-    if H < 1 or d < 1 or d % H != 0:
+    check_count("d", d)
+    check_count("H", H)
+    if d % H != 0:
         raise ValueError(f"d={d} is not divisible into H={H} heads")
 
 
 def check_groups(H, G):
     """Raise ValueError unless G >= 1 key/value heads divide H query heads."""
-    if G < 1 or H % G != 0:
+    check_count("G", G)
+    if H % G != 0:
         raise ValueError(
             f"H={H} query heads cannot be split into G={G} equal groups: "
             f"G must divide H"
@@ -61,6 +140,16 @@ def check_window(w):
         raise ValueError(f"the window w must be a positive integer, got {w!r}")
 
 
+def check_causal(causal, w):
+    """Raise ValueError unless causal is a bool, and True if there is a
+    window w."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    check_window(w)
+    if w is not None and not causal:
+        raise ValueError("a window w needs causal=True")
+
+
 def allowed_positions(pos_q, pos_k, w=None, causal=True):
     """Mask from absolute positions: True where the query at i may see j.
 
@@ -71,6 +160,7 @@ def allowed_positions(pos_q, pos_k, w=None, causal=True):
     query at position i may attend to the key at position j if j <= i and,
     with a window w, j > i - w.
     """
+    check_positions(pos_q, pos_k, w)
     i, j = pos_q[..., :, None], pos_k[..., None, :]
     allowed = (j >= 0).expand(*pos_q.shape, -1)  # every key but empty slots
     if causal:
@@ -78,6 +168,22 @@ def allowed_positions(pos_q, pos_k, w=None, causal=True):
     if w is not None:
         allowed = allowed & (j > i - w)
     return allowed if pos_q.dim() == 1 else allowed[:, None]
+
+
+def check_positions(pos_q, pos_k, w):
+    """Raise ValueError unless the positions are (T_q,) and (T_k,), or
+    (B, T_q) and (B, T_k) with one B, and w a window or None."""
+    for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
+        if not isinstance(pos, torch.Tensor) or pos.dim() not in (1, 2):
+            raise ValueError(
+                f"{name} must be a (T,) or (B, T) tensor, got {shape_of(pos)}"
+            )
+    if pos_q.dim() != pos_k.dim() or pos_q.shape[:-1] != pos_k.shape[:-1]:
+        raise ValueError(
+            f"pos_q {tuple(pos_q.shape)} and pos_k {tuple(pos_k.shape)} must "
+            f"be (T_q,) and (T_k,), or (B, T_q) and (B, T_k) with one B"
+        )
+    check_window(w)
 
 
 class Cache(ABC):
@@ -110,6 +216,7 @@ class Cache(ABC):
 
     def next_positions(self, T):
         """Positions of the next T tokens: (T,), the same for every row."""
+        check_count("T", T, 0)
         return torch.arange(self.length, self.length + T)
 
     @abstractmethod
@@ -164,6 +271,7 @@ class KVCache(Cache):
         window w keeps the last w at least: enough for a causal layer whose
         window is at most w, too few for any other.
         """
+        check_causal(causal, w)
         if self.w is None:
             return
         if not causal or w is None or w > self.w:
@@ -181,6 +289,7 @@ class KVCache(Cache):
         Returns the keys, values and positions a query of these tokens may
         need: everything cached before them followed by them.
         """
+        check_keys_values(K, V, self.K)
         T = K.shape[-2]
         pos = self.next_positions(T)
         if self.K is None:
@@ -236,6 +345,34 @@ class KVCache(Cache):
         self.length = n
 
 
+def check_keys_values(K, V, held=None):
+    """Raise ValueError unless K and V are (B, G, T, d_k) tensors of one
+    shape, dtype and device that fit the keys `held` (B, G, slots, d_k) a
+    cache already holds: a cache serves one layer of one batch."""
+    for name, t in (("K", K), ("V", V)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(
+                f"{name} must be (B, G, T, d_k), got {shape_of(t)}"
+            )
+    if K.shape != V.shape or K.dtype != V.dtype or K.device != V.device:
+        raise ValueError(
+            f"keys and values must have one shape, dtype and device: K "
+            f"{shape_of(K)}, V {shape_of(V)}"
+        )
+    fits = held is None or (
+        (K.shape[:2], K.shape[-1]) == (held.shape[:2], held.shape[-1])
+        and (K.dtype, K.device) == (held.dtype, held.device)
+    )
+    if not fits:
+        B, G, _, d_k = held.shape
+        raise ValueError(
+            f"this cache holds keys (B={B}, G={G}, d_k={d_k}) of "
+            f"{held.dtype}, got (B={K.shape[0]}, G={K.shape[1]}, "
+            f"d_k={K.shape[-1]}) of {K.dtype}: a cache serves one layer of "
+            f"one batch (new_caches() for another)"
+        )
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention in chapter 5's batched form, with biases.
 
@@ -256,9 +393,7 @@ class SelfAttention(nn.Module):
         check_heads(d, H)
         G = H if G is None else G
         check_groups(H, G)
-        check_window(w)
-        if w is not None and not causal:
-            raise ValueError("a window w needs causal=True")
+        check_causal(causal, w)
         self.H, self.G, self.d_k = H, G, d // H
         self.causal, self.w, self.backend = causal, w, backend
         # W_QKV and b_QKV: d + 2 G d_k outputs, 3 d when G = H
@@ -279,13 +414,12 @@ class SelfAttention(nn.Module):
         return Q, K, V
 
     def forward(self, x, mask=None, cache=None):
+        check_call(self, x, mask, cache)  # ValueError: shapes, dtypes, mask
         T = x.shape[1]
         pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
         Q, K, V = self.heads(x, pos_q)
         pos_k = pos_q
         if cache is not None:
-            if mask is not None:
-                raise ValueError("a cached call takes no mask")
             cache.check_layer(self.w, self.causal)  # it keeps what we need
             K, V, pos_k = cache.update(K, V)  # earlier tokens' keys, values
         if self.G != self.H:  # each key/value head serves H / G query heads
@@ -335,19 +469,59 @@ class SelfAttention(nn.Module):
 BACKENDS = ("attend", "flash", "sdpa")  # SelfAttention's: weights or not
 
 
+def check_call(layer, x, mask, cache):
+    """Raise ValueError unless a SelfAttention layer can take x (B, T, d)
+    of its size, dtype and device, with mask None or a boolean (..., T, T)
+    that broadcasts to the scores, or cache a Cache (and then no mask)."""
+    check_input(x, layer.in_proj.weight)
+    if cache is not None:
+        if not isinstance(cache, Cache):
+            raise ValueError(
+                f"cache must be a Cache (KVCache(), model.new_caches()),"
+                f" got {type(cache).__name__}"
+            )
+        if mask is not None:
+            raise ValueError("a cached call takes no mask")
+    elif mask is not None:
+        B, T, _ = x.shape
+        check_mask(mask, (B, layer.H, T, T))
+
+
+def check_input(x, weight):
+    """Raise ValueError unless x is (B, T, d) in the dtype and on the device
+    of the weight (..., d) it meets first."""
+    d = weight.shape[-1]
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d:
+        raise ValueError(f"x must have shape (B, T, {d}), got {shape_of(x)}")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(
+            f"x is {x.dtype} on {x.device}, the layer {weight.dtype} on "
+            f"{weight.device}: convert one (x.double(), model.double())"
+        )
+
+
 def frequencies(d, dtype=torch.float64):
     """The d/2 frequencies omega_i = 10000^(-2i/d) of equation pos-sinusoid."""
+    check_pairs(d, dtype)
     return 10000.0 ** (-torch.arange(0, d, 2, dtype=dtype) / d)
 
 
 def sinusoidal_encoding(T, d, dtype=torch.float64):
     """The (T, d) table of equation pos-sinusoid, one row per position."""
-    if d % 2 != 0 or d < 2 or T < 0:
-        raise ValueError(f"need T >= 0 and an even d >= 2, got T={T}, d={d}")
+    check_count("T", T, 0)
     angles = torch.arange(T, dtype=dtype)[:, None] * frequencies(d, dtype)
     pe = torch.empty(T, d, dtype=dtype)
     pe[:, 0::2], pe[:, 1::2] = angles.sin(), angles.cos()  # (T, d)
     return pe
+
+
+def check_pairs(d, dtype):
+    """Raise ValueError unless d is an even integer >= 2 (d / 2 pairs) and
+    dtype a floating-point dtype."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2 != 0:
+        raise ValueError(f"need an even size d >= 2 (pairs), got d={d!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
 
 
 def rotary(x, positions=None):
@@ -364,15 +538,22 @@ def rotary(x, positions=None):
 
 def check_rotary(x, positions):
     """Raise ValueError unless x is (..., T, d_k) with d_k even; (T, d_k)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(
+            f"x must be a floating-point tensor, got {shape_of(x)}"
+        )
     if x.dim() < 2 or x.shape[-1] % 2 != 0:
         raise ValueError(
             f"rotary positions rotate pairs: the last axis (head size) must "
             f"be even, got shape {tuple(x.shape)}"
         )
     T = x.shape[-2]
-    if positions is not None and tuple(positions.shape) != (T,):
+    if positions is not None and (
+        not isinstance(positions, torch.Tensor)
+        or tuple(positions.shape) != (T,)
+    ):
         raise ValueError(
-            f"positions must have shape ({T},), got {tuple(positions.shape)}"
+            f"positions must be a ({T},) tensor, got {shape_of(positions)}"
         )
     return T, x.shape[-1]
 
@@ -407,6 +588,7 @@ class EncoderBlock(nn.Module):
         backend="attend",
     ):
         super().__init__()
+        check_count("d_ff", d_ff)
         attention = RotarySelfAttention if rotary else SelfAttention
         self.norm1 = nn.LayerNorm(d)
         self.self_attn = attention(d, H, G, causal, w, backend)
@@ -416,6 +598,7 @@ class EncoderBlock(nn.Module):
     def forward(
         self, x, mask=None, padding_mask=None, return_weights=False, cache=None
     ):
+        check_input(x, self.norm1.weight)  # (B, T, d), the block's dtype
         allowed = combine_masks(x, mask, padding_mask)  # (B, 1, T, T) or None
         attended, weights = self.self_attn(self.norm1(x), allowed, cache)
         y = x + attended  # residual around the attention
@@ -432,14 +615,16 @@ class DecoderBlock(EncoderBlock):
 
 def combine_masks(x, mask, padding_mask):
     """Check x (B, T, d) and the masks; one boolean (B, 1, T, T) mask or None."""
-    if x.dim() != 3:
-        raise ValueError(f"x must have shape (B, T, d), got {tuple(x.shape)}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"x must have shape (B, T, d), got {shape_of(x)}")
     B, T, _ = x.shape
     if mask is None and padding_mask is None:
         return None
     allowed = torch.ones(B, 1, T, T, dtype=torch.bool)
     if mask is not None:
         shapes = ((T, T), (B, T, T))
+        if not isinstance(mask, torch.Tensor):
+            raise ValueError(f"mask must be a tensor, got {shape_of(mask)}")
         if mask.dtype != torch.bool or tuple(mask.shape) not in shapes:
             raise ValueError(
                 f"mask must be a boolean ({T}, {T}) or ({B}, {T}, {T}) "
@@ -447,6 +632,10 @@ def combine_masks(x, mask, padding_mask):
             )
         allowed = allowed & (mask if mask.dim() == 2 else mask[:, None])
     if padding_mask is not None:
+        if not isinstance(padding_mask, torch.Tensor):
+            raise ValueError(
+                f"padding_mask must be a tensor, got {shape_of(padding_mask)}"
+            )
         if padding_mask.dtype != torch.bool or tuple(padding_mask.shape) != (
             B,
             T,
@@ -461,6 +650,8 @@ def combine_masks(x, mask, padding_mask):
 
 def check_rows(allowed):
     """Return the boolean mask; raise ValueError if a query has no key."""
+    if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool:
+        raise ValueError(f"the mask must be boolean, got {shape_of(allowed)}")
     if not allowed.any(dim=-1).all():
         raise ValueError(
             "a query may attend to no key: its softmax is undefined"

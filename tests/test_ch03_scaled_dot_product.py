@@ -264,6 +264,44 @@ def test_bad_masks_raise(mask, message):
         sdpa(Q, K, V, mask=mask)
 
 
+@pytest.mark.parametrize(
+    "dtypes, message",
+    [
+        ((torch.float32, torch.float64, torch.float64), "K is torch.float64"),
+        ((torch.float64, torch.float32, torch.float64), "K is torch.float32"),
+        ((torch.float64, torch.float64, torch.float32), "V is torch.float32"),
+        ((torch.float16, torch.float16, torch.float32), "V is torch.float32"),
+    ],
+)
+def test_mixed_dtypes_raise(dtypes, message):
+    """Issue 47: a float32 Q with a float64 K passed the checks and the
+    product raised a RuntimeError; now the check names the dtypes."""
+    Q, K, V = (torch.ones(2, 4, dtype=dtype) for dtype in dtypes)
+    with pytest.raises(ValueError, match=message + ".*one dtype"):
+        sdpa(Q, K, V)
+
+
+def test_mixed_devices_raise():
+    Q, V = torch.ones(2, 4), torch.ones(3, 4)
+    K = torch.ones(3, 4, device="meta")  # a second device on any machine
+    with pytest.raises(ValueError, match=r"K is torch\.float32 on meta"):
+        sdpa(Q, K, V)
+
+
+@pytest.mark.parametrize("T_k", [3, 0])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_no_query_gives_an_empty_result_as_torch(T_k, with_mask):
+    """T_q = 0: C (..., 0, d_v) and A (..., 0, T_k), the shape PyTorch's
+    function returns, whatever T_k (no query lacks a key)."""
+    Q = torch.ones(2, 0, 4)
+    K, V = torch.ones(2, T_k, 4), torch.ones(2, T_k, 5)
+    mask = torch.ones(0, T_k, dtype=torch.bool) if with_mask else None
+    C, A = sdpa(Q, K, V, mask=mask)
+    theirs = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+    assert C.shape == theirs.shape == (2, 0, 5)
+    assert A.shape == (2, 0, T_k)
+
+
 def test_bad_values_raise(ch03):
     Q = torch.ones(2, 4)
     with pytest.raises(ValueError, match="floating-point"):

@@ -215,3 +215,31 @@ def test_caption_and_first_position_options():
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             attention_explorer(A, ["a", "b"], **bad)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"sequences": 3}, "sequence names must be a list"),
+        ({"layer_names": 1}, "layer names must be a list"),
+        ({"head_names": None, "layer_names": 2.0}, "layer names must be"),
+        ({"precision": True}, "precision"),
+        ({"first_position": 0.0}, "first_position"),
+    ],
+)
+def test_options_of_the_wrong_type_raise(options, message):
+    """Issue 47: names given as a string or a number, a precision True and
+    a first position 0.0 were taken (or failed with a TypeError)."""
+    A = np.full((1, 1, 1, 2, 2), 0.5)
+    with pytest.raises(ValueError, match=message):
+        attention_explorer(A, ["a", "b"], **options)
+
+
+def test_complex_weights_raise():
+    A = np.full((1, 1, 1, 2, 2), 0.5 + 0j)
+    with pytest.raises(ValueError, match="real numbers"):
+        attention_explorer(A, ["a", "b"])
+    with pytest.raises(ValueError, match="real numbers"):
+        distance_to_tie(A)
+    with pytest.raises(ValueError, match="precision"):
+        distance_to_tie(A.real, precision=True)

@@ -284,3 +284,403 @@ def test_allowed_positions_per_row_is_each_rows_mask():
         [True, True, False, False],
         [False, True, True, False],
     ]
+
+
+# --- bad input gets a ValueError that names it (issue 47) --------------------
+# Every check of transformer.py and gpt.py reads shapes, dtypes and Python
+# numbers only (a token id out of range is named when the lookup fails), so
+# that a model's step runs no extra tensor operation: chapter 11 counts them.
+
+import torch.nn.functional as F  # noqa: E402
+
+from gpt import GPT, Decoder, StaticCache  # noqa: E402
+
+f32 = torch.float32
+f64 = torch.float64
+
+
+def ones(*shape, dtype=f32):
+    return torch.ones(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "Q, K, V, mask, message",
+    [
+        (
+            ones(2, 3, 4),
+            ones(2, 3, 4, dtype=f64),
+            ones(2, 3, 4),
+            None,
+            "one dtype",
+        ),
+        (ones(2, 3, 4), ones(2, 3, 5), ones(2, 3, 4), None, "do not fit"),
+        (ones(2, 3, 4), ones(2, 3, 4), ones(2, 2, 4), None, "do not fit"),
+        (
+            ones(2, 3, 4),
+            ones(2, 0, 4),
+            ones(2, 0, 4),
+            None,
+            "at least one key",
+        ),
+        (ones(2, 3, 4), ones(3, 3, 4), ones(3, 3, 4), None, "batch axes"),
+        (ones(4), ones(3, 4), ones(3, 4), None, r"Q must be \(\.\.\., T"),
+        ([[1.0]], ones(1, 1), ones(1, 1), None, "floating-point tensor"),
+        (ones(2, 3, 4).long(), ones(2, 3, 4), ones(2, 3, 4), None, "floating"),
+        (ones(2, 3, 4), ones(2, 3, 4), ones(2, 3, 4), ones(2, 2), "boolean"),
+        (
+            ones(2, 3, 4),
+            ones(2, 3, 4),
+            ones(2, 3, 4),
+            torch.ones(2, 2, dtype=torch.bool),
+            r"mask of shape \(2, 2\) does not broadcast",
+        ),
+        (  # broadcasts, but to (2, 3, 3), larger than the scores (3, 3)
+            ones(3, 4),
+            ones(3, 4),
+            ones(3, 4),
+            torch.ones(2, 3, 3, dtype=torch.bool),
+            r"mask of shape \(2, 3, 3\) does not broadcast",
+        ),
+    ],
+)
+def test_attend_names_bad_inputs(Q, K, V, mask, message):
+    with pytest.raises(ValueError, match=message):
+        transformer.attend(Q, K, V, mask)
+
+
+@pytest.mark.parametrize("T_k", [3, 0])
+def test_no_query_gives_an_empty_result_as_torch(T_k):
+    """T_q = 0: outputs (..., 0, d_v) and weights (..., 0, T_k), as
+    F.scaled_dot_product_attention returns; a self-attention layer, a block
+    and the GPT give (B, 0, d) and (B, 0, vocab), cached or not."""
+    Q, K, V = ones(2, 0, 4), ones(2, T_k, 4), ones(2, T_k, 5)
+    out, weights = transformer.attend(Q, K, V)
+    assert out.shape == F.scaled_dot_product_attention(Q, K, V).shape
+    assert out.shape == (2, 0, 5) and weights.shape == (2, 0, T_k)
+    x = torch.zeros(2, 0, 32, dtype=f64)
+    for backend in ("attend", "sdpa"):
+        layer = transformer.SelfAttention(32, 4, causal=True, backend=backend)
+        assert layer.double()(x)[0].shape == (2, 0, 32)
+        assert layer(x, cache=KVCache())[0].shape == (2, 0, 32)
+    block = transformer.EncoderBlock(32, 4, 64).double()
+    assert block(x).shape == (2, 0, 32)
+    model = small_gpt()
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    assert model(empty).shape == (2, 0, VOCAB)
+    caches = model.new_caches()
+    model(tokens(3), caches)
+    assert model(empty, caches).shape == (2, 0, VOCAB)
+    assert caches[0].length == 3
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: transformer.check_heads(4.0, 2), "d must be an integer"),
+        (lambda: transformer.check_heads(4, "2"), "H must be an integer"),
+        (lambda: transformer.check_groups(4, 2.0), "G must be an integer"),
+        (lambda: transformer.check_groups(4, 0), "G=0"),
+        (lambda: transformer.SelfAttention(8, 2, causal="yes"), "causal"),
+        (lambda: transformer.EncoderBlock(8, 2, 16.0), "d_ff"),
+        (lambda: transformer.EncoderBlock(8, 2, 0), "d_ff"),
+        (lambda: transformer.sinusoidal_encoding(3.5, 4), "T must be"),
+        (lambda: transformer.frequencies(5), "even size"),
+        (lambda: transformer.frequencies(0), "even size"),
+        (lambda: transformer.frequencies(4, torch.long), "floating-point"),
+        (lambda: KVCache().next_positions(-1), "T must be"),
+        (lambda: KVCache(3).check_layer("3", True), "window"),
+        (lambda: KVCache(3).check_layer(3, 1), "causal"),
+        (lambda: transformer.rotary(ones(3, 4), [0, 1, 2]), r"\(3,\) tensor"),
+        (lambda: transformer.rotary(ones(3, 4).long()), "floating-point"),
+        (lambda: transformer.rotary([[1.0, 2.0]]), "floating-point"),
+        (
+            lambda: transformer.allowed_positions([0, 1], torch.arange(2)),
+            "pos_q must be a",
+        ),
+        (
+            lambda: transformer.allowed_positions(
+                torch.tensor(1), torch.arange(2)
+            ),
+            "pos_q must be a",
+        ),
+        (
+            lambda: transformer.allowed_positions(
+                torch.arange(3), torch.zeros(2, 3, dtype=torch.long)
+            ),
+            "one B",
+        ),
+        (
+            lambda: transformer.allowed_positions(
+                torch.zeros(2, 3, dtype=torch.long),
+                torch.zeros(3, 3, dtype=torch.long),
+            ),
+            "one B",
+        ),
+        (
+            lambda: transformer.allowed_positions(
+                torch.arange(3), torch.arange(3), w=0
+            ),
+            "window",
+        ),
+        (lambda: transformer.combine_masks([[1.0]], None, None), "x must"),
+        (lambda: transformer.check_rows([[True]]), "must be boolean"),
+        (lambda: transformer.check_rows(ones(2, 2)), "must be boolean"),
+    ],
+)
+def test_transformer_functions_name_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def filled(cache, K):
+    """The cache after one update with K as keys and values."""
+    cache.update(K, K)
+    return cache
+
+
+@pytest.mark.parametrize("w", [None, 3])
+@pytest.mark.parametrize(
+    "first, K, V, message",
+    [
+        (None, ones(1, 2, 3, 4), ones(1, 2, 2, 4), "one shape, dtype"),
+        (None, ones(1, 2, 3, 4), ones(1, 2, 3, 4, dtype=f64), "one shape"),
+        (None, ones(1, 2, 3, 4), ones(1, 2, 3, 6), "one shape"),
+        (None, ones(2, 3, 4), ones(2, 3, 4), r"K must be \(B, G, T, d_k\)"),
+        (ones(1, 2, 3, 4), ones(2, 2, 1, 4), ones(2, 2, 1, 4), "B=1, G=2"),
+        (ones(1, 2, 3, 4), ones(1, 1, 1, 4), ones(1, 1, 1, 4), "one layer"),
+        (ones(1, 2, 3, 4), ones(1, 2, 1, 2), ones(1, 2, 1, 2), "d_k=4"),
+        (
+            ones(1, 2, 3, 4),
+            ones(1, 2, 1, 4, dtype=f64),
+            ones(1, 2, 1, 4, dtype=f64),
+            "of torch.float32, got",
+        ),
+    ],
+)
+def test_kvcache_refuses_keys_that_do_not_fit(w, first, K, V, message):
+    """Issue 47: a float64 call after float32 ones was promoted silently, a
+    value of another shape was stored, and another batch or layer raised a
+    RuntimeError."""
+    cache = KVCache(w) if first is None else filled(KVCache(w), first)
+    with pytest.raises(ValueError, match=message):
+        cache.update(K, V)
+
+
+@pytest.mark.parametrize(
+    "x, mask, cache, message",
+    [
+        (ones(5, 8), None, None, r"x must have shape \(B, T, 8\)"),
+        (ones(2, 5, 6), None, None, r"x must have shape \(B, T, 8\)"),
+        (ones(2, 5, 8, dtype=f64), None, None, "the layer torch.float32"),
+        (ones(2, 5, 8).long(), None, None, "the layer torch.float32"),
+        ([[[1.0] * 8]], None, None, "x must have shape"),
+        (ones(2, 5, 8), ones(5, 5), None, "boolean tensor"),
+        (
+            ones(2, 5, 8),
+            torch.ones(5, 4, dtype=torch.bool),
+            None,
+            "does not broadcast",
+        ),
+        (ones(2, 5, 8), None, [], "cache must be a Cache"),
+        (
+            ones(2, 5, 8),
+            torch.ones(5, 5, dtype=torch.bool),
+            KVCache(),
+            "cached call takes no mask",
+        ),
+    ],
+)
+def test_self_attention_names_bad_input(x, mask, cache, message):
+    layer = transformer.SelfAttention(8, 2, causal=True)
+    with pytest.raises(ValueError, match=message):
+        layer(x, mask, cache)
+
+
+def test_a_cache_serves_one_layer_of_one_batch():
+    layer = transformer.SelfAttention(8, 2, causal=True)
+    cache = KVCache()
+    layer(ones(1, 3, 8), cache=cache)
+    with pytest.raises(ValueError, match="B=1, G=2, d_k=4"):
+        layer(ones(2, 1, 8), cache=cache)  # another batch
+    other = transformer.SelfAttention(8, 4, G=1, causal=True)
+    with pytest.raises(ValueError, match="one layer of one batch"):
+        other(ones(1, 1, 8), cache=cache)  # another layer's keys
+    with pytest.raises(ValueError, match=r"of torch\.float32, got"):
+        layer.double()(ones(1, 1, 8, dtype=f64), cache=cache)
+
+
+@pytest.mark.parametrize(
+    "x, kwargs, message",
+    [
+        (ones(2, 5, 6), {}, r"x must have shape \(B, T, 8\)"),
+        (ones(2, 5, 8, dtype=f64), {}, "the layer torch.float32"),
+        (ones(2, 5, 8), {"mask": [[True] * 5] * 5}, "mask must be a tensor"),
+        (ones(2, 5, 8), {"padding_mask": [[True] * 5] * 2}, "padding_mask"),
+    ],
+)
+def test_block_names_bad_input(x, kwargs, message):
+    block = transformer.EncoderBlock(8, 2, 16)
+    with pytest.raises(ValueError, match=message):
+        block(x, **kwargs)
+
+
+# --- gpt.py: tokens outside the vocabulary, caches out of order --------------
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            torch.tensor([[1, 11]]),
+            "token id 11 is outside the vocabulary 0 ... 10",
+        ),
+        (torch.tensor([[-1, 2]]), "token id -1 is outside the vocabulary"),
+        (torch.tensor([[1.0, 2.0]]), "int64 or int32 token ids"),
+        (torch.tensor([[True, False]]), "int64 or int32 token ids"),
+        (torch.tensor([1, 2]), r"tokens must be \(B, T\)"),
+        ([[1, 2]], r"tokens must be \(B, T\)"),
+    ],
+)
+def test_gpt_and_decoder_name_a_bad_token(bad, message):
+    """Issue 47: a token id outside the vocabulary raised an IndexError,
+    a float or bool id a RuntimeError."""
+    model = small_gpt()
+    with pytest.raises(ValueError, match=message):
+        model(bad)
+    decoder = Decoder(model, 8)
+    with pytest.raises(ValueError, match=message):
+        decoder.step(bad, decoder.new_caches())
+
+
+def test_generation_names_a_bad_token():
+    model = small_gpt()
+    decoder = Decoder(model, 12)
+    for prompt in (torch.tensor([1, 11]), torch.tensor([-2])):
+        for m in (model, decoder):
+            with pytest.raises(ValueError, match="outside the vocabulary"):
+                gpt.greedy(m, prompt, 2)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            gpt.greedy_batch(decoder, [torch.tensor([1, 2]), prompt], 2)
+    with pytest.raises(ValueError, match="integer token ids"):
+        gpt.greedy(model, torch.tensor([True, False]), 2)
+    with pytest.raises(ValueError, match="a GPT or a Decoder"):
+        gpt.greedy("model", torch.tensor([1]), 2)
+
+
+def test_gpt_caches_must_be_one_per_block_in_step():
+    """Issue 47: too few caches raised an IndexError; one cache shared by
+    two blocks, or caches at different lengths (a block skipped or run
+    twice), gave other logits without an error."""
+    model = small_gpt()
+    x = tokens(4)
+    with pytest.raises(ValueError, match="list of 2 caches"):
+        model(x, model.new_caches()[:1])
+    with pytest.raises(ValueError, match="list of 2 caches"):
+        model(x, KVCache())
+    with pytest.raises(ValueError, match="Cache objects"):
+        model(x, [1, 2])
+    shared = KVCache()
+    with pytest.raises(ValueError, match="its own cache"):
+        model(x, [shared, shared])
+    caches = model.new_caches()
+    with torch.no_grad():
+        model(x, caches)
+    caches[1].crop(2)
+    with pytest.raises(ValueError, match=r"hold \[4, 2\] tokens"):
+        model(x[:, :1], caches)
+    caches = model.new_caches()
+    with torch.no_grad():
+        model(x, caches)
+    with pytest.raises(ValueError, match="hold 2 rows, the tokens 1"):
+        model(x[:1, :1], caches)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"vocab": 0}, "vocab must be"),
+        ({"layers": 0}, "layers must be"),
+        ({"context": 0}, "context must be"),
+        ({"context": 8.0}, "context must be"),
+        ({"d_ff": 0}, "d_ff must be"),
+    ],
+)
+def test_gpt_sizes_are_checked(kwargs, message):
+    sizes = {"vocab": VOCAB, "d": 32, "H": 4, "layers": 2, "d_ff": 64}
+    with pytest.raises(ValueError, match=message):
+        GPT(**(sizes | kwargs))
+
+
+def test_decoder_caches_must_be_its_own_in_step():
+    model = small_gpt()
+    decoder = Decoder(model, 8)
+    x = tokens(3)
+    with pytest.raises(ValueError, match="static caches"):
+        decoder.step(x, model.new_caches())
+    with pytest.raises(ValueError, match="list of 2 caches"):
+        decoder.step(x, decoder.new_caches()[:1])
+    with pytest.raises(ValueError, match="hold 3 rows, the tokens 2"):
+        decoder.step(x, decoder.new_caches(3))
+    caches = decoder.new_caches()
+    decoder.step(x[:1], caches)
+    with pytest.raises(ValueError, match="one decoder and one batch"):
+        decoder.step(x[:, :1], caches)  # two rows into one
+    caches[1].crop(1)
+    with pytest.raises(ValueError, match="every layer's cache"):
+        decoder.step(x[:1, :1], caches)
+    caches = decoder.new_caches()
+    decoder.step(x[:1], caches)
+    narrow = Decoder(small_gpt(G=1), 8)  # keys of one head, not four
+    with pytest.raises(ValueError, match="one decoder and one batch"):
+        narrow.step(x[:1, :1], caches)
+    wide = [StaticCache(12) for _ in range(2)]  # more slots than its tables
+    with pytest.raises(ValueError, match="12 slots"):
+        decoder.step(x[:1], wide)
+    for capacity in (0, 5.0, True):
+        with pytest.raises(ValueError, match="capacity"):
+            Decoder(model, capacity)
+
+
+def test_batch_cache_refuses_keys_that_do_not_fit():
+    cache = gpt.BatchCache(10, 1)
+    K = ones(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="one shape, dtype"):
+        cache.update(K, ones(1, 2, 2, 4))
+    cache.update(K, K)
+    with pytest.raises(ValueError, match=r"of torch\.float32, got"):
+        cache.update(K.double(), K.double())
+    with pytest.raises(ValueError, match="B=1, G=2, d_k=4"):
+        cache.update(ones(1, 1, 1, 4), ones(1, 1, 1, 4))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, d: gpt.get_batch(d, 2, 100, None), "need 101 tokens"),
+        (lambda m, d: gpt.get_batch(d, 0, 4, None), "B must be"),
+        (lambda m, d: gpt.get_batch(d.view(10, 10), 2, 4, None), "1-d"),
+        (lambda m, d: gpt.get_batch(d.float(), 2, 4, None), "token ids"),
+        (lambda m, d: gpt.get_batch(d, 2, 4, 0), "torch.Generator"),
+        (lambda m, d: gpt.train(m, d, -1, B=2, T=4), "steps must be"),
+        (lambda m, d: gpt.train(m, d, 1, B=2, T=0), "T must be"),
+        (lambda m, d: gpt.train(m, d, 1, B=2, T=4, lr=0), "lr must be"),
+        (lambda m, d: gpt.train(m, d, 1, B=2, T=200), "need 201 tokens"),
+        (lambda m, d: gpt.train(m, d + 5, 1, B=2, T=4), "outside the vocab"),
+        (lambda m, d: gpt.validation_loss(m, X, X[:, :5]), "one non-empty"),
+        (lambda m, d: gpt.validation_loss(m, X[:0], X[:0]), "one non-empty"),
+        (lambda m, d: gpt.validation_loss(m, X, X + VOCAB), "a target in y"),
+        (lambda m, d: gpt.validation_loss(m, X, X, rows=0), "rows must be"),
+        (lambda m, d: gpt.validation_loss(m, X[0], X[0]), r"\(N, T\)"),
+        (lambda m, d: gpt.validation_loss(m, X.float(), X), "token ids"),
+    ],
+)
+def test_training_functions_name_bad_input(call, message):
+    """Issue 47: a data set too short for T raised a RuntimeError, a target
+    outside the vocabulary an IndexError, no rows a ZeroDivisionError; a
+    negative number of steps or T = 0 trained silently (NaN losses)."""
+    data = torch.arange(100) % VOCAB
+    with pytest.raises(ValueError, match=message):
+        call(small_gpt(), data)
+
+
+X = torch.arange(24).view(4, 6) % VOCAB  # validation_loss's x and y

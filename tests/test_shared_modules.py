@@ -255,3 +255,91 @@ def test_grid_refuses_bad_input(rows, cols, shade, message):
     _, ax = diagrams.new_diagram(10, 6)
     with pytest.raises(ValueError, match=message):
         diagrams.grid(ax, (0, 6), rows, cols, shade=shade)
+
+
+# --- bad input gets a ValueError that names it (issue 47) --------------------
+
+
+@pytest.mark.parametrize(
+    "weights, queries, keys, ax, message",
+    [
+        (np.full((2, 3), np.nan), QUERIES, KEYS, None, "NaN or inf"),
+        (np.zeros((0, 3)), [], KEYS, None, "non-empty 2-D"),
+        (WEIGHTS + 0j, QUERIES, KEYS, None, "real numbers"),
+        ([[0.5, 0.5], [1.0]], QUERIES, KEYS, None, "real numbers"),
+        (WEIGHTS, None, KEYS, None, "query_labels must be a list"),
+        (WEIGHTS, "ab", KEYS, None, "query_labels must be a list"),
+        (WEIGHTS, QUERIES, 3, None, "key_labels must be a list"),
+        (WEIGHTS, QUERIES, KEYS, "axes", "ax must be matplotlib Axes"),
+    ],
+)
+def test_heatmap_names_bad_input(weights, queries, keys, ax, message):
+    with pytest.raises(ValueError, match=message):
+        plots.plot_attention(weights, queries, keys, ax=ax)
+
+
+def test_heatmap_takes_a_tensor_with_a_gradient():
+    torch = pytest.importorskip("torch")
+    A = torch.tensor(WEIGHTS, requires_grad=True)
+    (image,) = plots.plot_attention(A, QUERIES, KEYS).get_images()
+    assert_array_equal(image.get_array(), WEIGHTS)
+
+
+@pytest.mark.parametrize(
+    "size, figsize, message",
+    [
+        (("4", 3), None, "positive size"),
+        ((float("nan"), 3), None, "positive size"),
+        ((4, float("inf")), None, "positive size"),
+        ((None, 3), None, "positive size"),
+        ((4, 3), 5, "figsize must be"),
+        ((4, 3), (5, -1), "figsize must be"),
+    ],
+)
+def test_canvas_names_bad_sizes(size, figsize, message):
+    with pytest.raises(ValueError, match=message):
+        diagrams.new_diagram(*size, figsize=figsize)
+
+
+@pytest.mark.parametrize("color", [None, "no such colour", [1], "#12345"])
+def test_fill_refuses_what_is_no_colour(color):
+    with pytest.raises(ValueError, match="neither a name of COLORS"):
+        diagrams.fill(color)
+
+
+@pytest.mark.parametrize(
+    "draw, message",
+    [
+        (lambda ax: diagrams.box(ax, (1, 2, 3), "Q"), "center must be"),
+        (lambda ax: diagrams.box(ax, "ab", "Q"), "center must be"),
+        (lambda ax: diagrams.box(ax, (1, 1), "Q", width=0), "positive size"),
+        (lambda ax: diagrams.box(ax, (1, 1), "Q", height=-1), "positive"),
+        (lambda ax: diagrams.box(None, (1, 1), "Q"), "ax must be"),
+        (lambda ax: diagrams.arrow(ax, (1,), (2, 2)), "start must be"),
+        (lambda ax: diagrams.arrow(ax, (1, 1), (2, "b")), "end must be"),
+        (
+            lambda ax: diagrams.arrow(ax, (1, 1), (2, 2), "t", offset=(1,)),
+            "offset must be",
+        ),
+        (lambda ax: diagrams.grid(ax, (0,), 1, 1), "origin must be"),
+        (lambda ax: diagrams.grid(ax, (0, 6), 2.5, 2), "integers"),
+        (lambda ax: diagrams.grid(ax, (0, 6), "2", 2), "integers"),
+        (lambda ax: diagrams.grid(ax, (0, 6), 2, 2, cell=0), "cell must be"),
+        (lambda ax: diagrams.grid(ax, (0, 6), 2, 2, cell=-1), "cell must"),
+        (lambda ax: diagrams.grid(ax, (0, 6), 1, 1, color=None), "neither"),
+    ],
+)
+def test_drawing_names_bad_input(draw, message):
+    _, ax = diagrams.new_diagram(10, 6)
+    with pytest.raises(ValueError, match=message):
+        draw(ax)
+    assert not ax.patches  # nothing half drawn
+
+
+def test_drawing_takes_numpy_and_torch_numbers():
+    """Points may hold NumPy or torch scalars, as the chapters' do."""
+    torch = pytest.importorskip("torch")
+    _, ax = diagrams.new_diagram(10, 6)
+    diagrams.arrow(ax, np.add((1, 1), (0.5, 0)), (torch.tensor(3.0), 2))
+    diagrams.grid(ax, (0, 6), np.int64(2), 2, cell=np.float64(0.5))
+    assert len(ax.patches) == 1 + 4
