@@ -734,6 +734,20 @@ def test_linear_transform_refuses_bad_shapes(ch02, args, message):
         ch02.linear_transform(*args)
 
 
+@pytest.mark.parametrize("name", ["x", "W", "b"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_linear_transform_refuses_nan_and_inf(ch02, name, bad):
+    """W x + b of a NaN or an infinity would be NaN or inf: a ValueError
+    naming the array instead (issue 47)."""
+    args = {"x": np.ones((3, 4)), "W": np.ones((2, 3)), "b": np.ones((2, 1))}
+    args[name][0, 0] = bad
+    with pytest.raises(ValueError, match=f"finite numbers; {name} has"):
+        ch02.linear_transform(**args)
+    x, W, b = args["x"], args["W"], args["b"]
+    with pytest.raises(ValueError, match=f"finite numbers; {name} has"):
+        ch02.attention_block(x, W, b, W, b, W, b)  # the same for q, k, v
+
+
 def test_attention_weights_refuses_bad_input(ch02):
     with pytest.raises(ValueError, match="same d_k"):
         ch02.attention_weights(np.ones((3, 4)), np.ones((2, 4)))

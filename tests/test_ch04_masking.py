@@ -8,6 +8,7 @@ a causal mask written out by hand."""
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -275,6 +276,42 @@ def test_mask_helpers_refuse_bad_sizes(ch04):
     for dtype in (torch.int64, torch.uint8, torch.float64):
         with pytest.raises(ValueError, match="boolean mask"):
             ch04.to_additive(torch.ones(2, dtype=dtype))
+
+
+def test_mask_helpers_refuse_non_integers_and_non_tensors(ch04):
+    """Issue 47: a float size, a list for a mask, an integer dtype for -inf
+    and float lengths are ValueErrors naming the problem (before: TypeError,
+    AttributeError, RuntimeError, or a mask built from 1.5 tokens)."""
+    for sizes in ((2.5,), (3, 2.5), (True,), (3, False), ("3",)):
+        with pytest.raises(ValueError, match="integer sizes"):
+            ch04.causal_mask(*sizes)
+    assert torch.equal(ch04.causal_mask(np.int64(3)), ch04.causal_mask(3))
+    for mask, kind in (([[True]], "list"), (np.array([True]), "ndarray")):
+        with pytest.raises(ValueError, match=f"mask tensor, got {kind}"):
+            ch04.to_additive(mask)
+    for dtype in (torch.int64, torch.bool, "float32"):
+        with pytest.raises(ValueError, match="-inf needs a float dtype"):
+            ch04.to_additive(torch.tensor([True, False]), dtype=dtype)
+    bad_lengths = (
+        [1.5],
+        [True, False],
+        torch.tensor([2.0]),
+        ["a"],
+        [[1], [2, 3]],
+    )
+    for lengths in bad_lengths:
+        with pytest.raises(ValueError, match=r"lengths must be .* \[0, 3\]"):
+            ch04.padding_mask(lengths, 3)
+    for T_pad in (2.5, -1, True, None):
+        with pytest.raises(ValueError, match="T_pad must be an integer"):
+            ch04.padding_mask([1], T_pad)
+    assert ch04.padding_mask([], 3).shape == (0, 3)  # an empty batch
+    assert torch.equal(
+        ch04.padding_mask(np.array([1, 3]), np.int64(3)),
+        ch04.padding_mask([1, 3], 3),
+    )
+    with pytest.raises(ValueError, match="integer w >= 1"):
+        ch04.window_mask(4, 1.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])

@@ -6,6 +6,7 @@ chapter's code (PyTorch's causal masks, hand-written masks)."""
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -531,8 +532,106 @@ def test_non_boolean_mask_raises(ch05, cls):
         module(torch.randn(1, 3, 8), mask=torch.ones(3, 3))
 
 
+@pytest.mark.parametrize("cls", MODULES)
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ((32, 4.0), r"must be integers, got .*4\.0"),
+        ((32.0, 4), r"must be integers, got .*32\.0"),
+        ((32, True), "must be integers, got .*True"),
+        ((32, "4"), "must be integers, got .*'4'"),
+    ],
+)
+def test_non_integer_sizes_raise(ch05, cls, sizes, message):
+    """Issue 47: BatchedMultiHeadAttention(32, 4.0) was built and failed in
+    forward with a TypeError; the others failed in nn.Linear."""
+    with pytest.raises(ValueError, match=message):
+        getattr(ch05, cls)(*sizes)
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_non_number_dropout_raises(ch05, cls):
+    with pytest.raises(ValueError, match="dropout must be a number, got 'a'"):
+        getattr(ch05, cls)(8, 2, dropout="a")
+
+
+@pytest.mark.parametrize("cls", MODULES)
+@pytest.mark.parametrize(
+    "arg, value, message",
+    [
+        (
+            "x",
+            np.zeros((1, 3, 8), np.float32),
+            "x must be a tensor, got ndarray",
+        ),
+        ("x", [[[0.0] * 8]], "x must be a tensor, got list"),
+        (
+            "x",
+            torch.zeros(1, 3, 8, dtype=torch.long),
+            r"torch\.float32, got torch\.int64",
+        ),
+        (
+            "x",
+            torch.zeros(1, 3, 8, dtype=torch.float64),
+            r"got torch\.float64",
+        ),
+        (
+            "context",
+            np.zeros((1, 5, 8)),
+            "context must be a tensor, got ndarray",
+        ),
+        (
+            "context",
+            torch.zeros(1, 5, 8, dtype=torch.long),
+            r"got torch\.int64",
+        ),
+        ("mask", np.ones((3, 3), bool), "mask must be a tensor, got ndarray"),
+    ],
+)
+def test_inputs_of_the_wrong_kind_raise(ch05, cls, arg, value, message):
+    """Issue 47: a NumPy array gave an AttributeError, a long or float64
+    tensor a RuntimeError deep in nn.Linear."""
+    args = {"x": torch.zeros(1, 3, 8), "context": None, "mask": None}
+    args[arg] = value
+    with pytest.raises(ValueError, match=message):
+        getattr(ch05, cls)(8, 2)(**args)
+
+
+def test_a_float64_module_takes_float64_inputs(ch05):
+    for cls in MODULES:
+        module = getattr(ch05, cls)(8, 2).double()
+        out = module(torch.zeros(1, 3, 8, dtype=torch.float64))
+        assert out.dtype == torch.float64
+        with pytest.raises(
+            ValueError, match=r"dtype torch\.float64, got torch\.float32"
+        ):
+            module(torch.zeros(1, 3, 8))
+
+
+def test_helpers_refuse_the_wrong_kind(ch05):
+    for T in (2.5, True, "3"):
+        with pytest.raises(ValueError, match="T >= 1 tokens"):
+            ch05.causal_mask(T)
+    heads, batched = (
+        ch05.MultiHeadAttention(8, 2),
+        ch05.BatchedMultiHeadAttention(8, 2),
+    )
+    with pytest.raises(
+        ValueError, match="a BatchedMultiHeadAttention, got Multi"
+    ):
+        ch05.copy_heads_to_batched(heads, heads)
+    with pytest.raises(ValueError, match="a MultiHeadAttention, got Batched"):
+        ch05.copy_heads_to_batched(batched, batched)
+    with pytest.raises(
+        ValueError, match="a BatchedMultiHeadAttention, got Multi"
+    ):
+        ch05.to_torch_mha(heads)
+
+
 def test_other_errors(ch05):
-    with pytest.raises(ValueError, match="needs T >= 1 tokens, got 0"):
+    with pytest.raises(
+        ValueError, match=r"needs T >= 1 tokens \(an integer\), got 0"
+    ):
         ch05.causal_mask(0)
     with pytest.raises(ValueError, match="must be positive, got 8 and 0"):
         ch05.AttentionHead(8, 0)

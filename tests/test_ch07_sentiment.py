@@ -15,7 +15,7 @@ from conftest import BOOK, load_chapter
 from numpy.testing import assert_allclose, assert_array_equal
 
 NOTEBOOK = "07_sentiment.ipynb"
-GRAD_NAMES = ("Q", "Qb", "K", "Kb", "V", "Vb", "W", "b")
+GRAD_NAMES = ("Q_jl", "b_Q", "K_jl", "b_K", "V_jl", "b_V", "W", "b")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,8 @@ def realistic(ch06, seed, n):
         name: 0.3 * rng.standard_normal(value.shape)
         for name, value in ch06.init_params(rng).items()
     }
-    d = params["Q"].shape[0] - 1  # the embedding size (the position row aside)
+    # the embedding size (the position row aside)
+    d = params["Q_jl"].shape[0] - 1
     x = 0.5 * rng.standard_normal((d, n))
     y = ch06.one_hot(ch06.CLASSES[rng.integers(3)])
     return x, y, params
@@ -38,7 +39,7 @@ def realistic(ch06, seed, n):
 
 def embedding_size(ch06):
     """The words' vector size, read from the chapter's parameters."""
-    return ch06.init_params(np.random.default_rng(0))["Q"].shape[0] - 1
+    return ch06.init_params(np.random.default_rng(0))["Q_jl"].shape[0] - 1
 
 
 def rel(g, ref):
@@ -56,9 +57,9 @@ def test_corrected_gradients_equal_autograd(ch06, n, seed):
     ref = ch06.autograd_gradients(x, y, params)
     for name in GRAD_NAMES:
         assert ours[name].shape == params[name].shape
-        if name == "Kb":  # the true gradient is zero: compare absolutely
+        if name == "b_K":  # the true gradient is zero: compare absolutely
             assert np.linalg.norm(ours[name] - ref[name]) <= 1e-10
-        elif n == 1 and name in ("Q", "Qb", "K"):
+        elif n == 1 and name in ("Q_jl", "b_Q", "K_jl"):
             # one word: alpha = [[1]] whatever the scores, so these are zero
             assert np.abs(ref[name]).max() <= 1e-12
             assert np.abs(ours[name]).max() <= 1e-12
@@ -73,26 +74,29 @@ def test_source_gradients_differ_from_autograd_for_q_and_k(ch06, n):
     source = ch06.backprop_source(cache, y, params)
     ref = ch06.autograd_gradients(x, y, params)
     s = np.sqrt(cache["q"].size)  # the forward pass's scale
-    for name in ("Q", "K"):
+    for name in ("Q_jl", "K_jl"):
         assert rel(source[name], ref[name]) > 1.0, name
         # not only the missing scale: the Jacobian is wrong too
         assert rel(source[name] / s, ref[name]) > 1e-2, name
-    for name in ("V", "Vb", "W", "b"):  # these are right
+    for name in ("V_jl", "b_V", "W", "b"):  # these are right
         assert rel(source[name], ref[name]) <= 1e-10, name
 
 
 def test_source_gradient_is_only_mis_scaled_when_attention_is_uniform(ch06):
-    # Q = 0 and Qb = 0 make every score 0: the first-column Jacobian is then
+    # Q_jl = 0 and b_Q = 0 make every score 0: the first-column Jacobian is
     # every row's Jacobian, and only the missing 1/s remains (defect 2).
     x, y, params = realistic(ch06, 3, 6)
-    zero = {"Q": np.zeros_like(params["Q"]), "Qb": np.zeros_like(params["Qb"])}
+    zero = {
+        "Q_jl": np.zeros_like(params["Q_jl"]),
+        "b_Q": np.zeros_like(params["b_Q"]),
+    }
     params = dict(params, **zero)
     cache = ch06.forward(x, params)
     assert_allclose(cache["alpha"], np.full((6, 6), 1 / 6), rtol=0, atol=1e-15)
     source = ch06.backprop_source(cache, y, params)
     true = ch06.backprop_corrected(cache, y, params)
     s = np.sqrt(cache["q"].size)
-    for name in ("Q", "Qb", "K"):
+    for name in ("Q_jl", "b_Q", "K_jl"):
         assert_allclose(source[name] / s, true[name], rtol=1e-12, atol=1e-15)
 
 
@@ -108,7 +112,7 @@ def test_source_softmax_jacobian_uses_the_first_column(ch06):
     a = alpha[:, 0]
     d_e = G @ (np.diag(a) - np.outer(a, a))
     assert_allclose(
-        source["Q"], (k @ d_e.T) @ cache["x"].T, rtol=1e-12, atol=1e-15
+        source["Q_jl"], (k @ d_e.T) @ cache["x"].T, rtol=1e-12, atol=1e-15
     )
 
 
@@ -118,13 +122,13 @@ def test_key_bias_true_gradient_is_zero_and_forward_ignores_it(ch06, seed):
     cache = ch06.forward(x, params)
     true = ch06.backprop_corrected(cache, y, params)
     ref = ch06.autograd_gradients(x, y, params)
-    scale = np.linalg.norm(true["K"])
-    assert np.abs(true["Kb"]).max() <= 1e-12 * scale
-    assert np.abs(ref["Kb"]).max() <= 1e-12 * scale
-    assert np.abs(ch06.backprop_source(cache, y, params)["Kb"]).max() > 1e-6
+    scale = np.linalg.norm(true["K_jl"])
+    assert np.abs(true["b_K"]).max() <= 1e-12 * scale
+    assert np.abs(ref["b_K"]).max() <= 1e-12 * scale
+    assert np.abs(ch06.backprop_source(cache, y, params)["b_K"]).max() > 1e-6
     rng = np.random.default_rng(seed)
-    shift = rng.standard_normal(params["Kb"].shape) * 10
-    shifted = ch06.forward(x, dict(params, Kb=params["Kb"] + shift))
+    shift = rng.standard_normal(params["b_K"].shape) * 10
+    shifted = ch06.forward(x, dict(params, b_K=params["b_K"] + shift))
     assert_allclose(shifted["alpha"], cache["alpha"], rtol=0, atol=1e-12)
     assert_allclose(shifted["p"], cache["p"], rtol=0, atol=1e-12)
 
@@ -134,7 +138,7 @@ def test_finite_differences_agree_with_corrected_gradients(ch06):
     true = ch06.backprop_corrected(ch06.forward(x, params), y, params)
     fd = ch06.finite_difference_gradients(x, y, params)
     for name in GRAD_NAMES:
-        if name == "Kb":
+        if name == "b_K":
             assert np.linalg.norm(fd[name] - true[name]) <= 1e-8
         else:
             assert rel(true[name], fd[name]) <= 1e-6, name
@@ -146,7 +150,7 @@ def test_gradient_check_table_and_its_display(ch06):
     assert list(table.index) == list(GRAD_NAMES)
     b_auto, b_fd = table.columns[2], table.columns[3]
     assert (table[b_auto] < 1e-14).all() and (table[b_fd] < 1e-6).all()
-    assert table.loc["Q", table.columns[1]] > 1.0  # the post's Q gradient
+    assert table.loc["Q_jl", table.columns[1]] > 1.0  # the post's Q gradient
     # the largest entry error lies between the norm of the error over the
     # square root of the number of entries and the norm itself
     true, b_fd_rel, entry = (
@@ -155,7 +159,7 @@ def test_gradient_check_table_and_its_display(ch06):
         table.columns[4],
     )
     for name in GRAD_NAMES:
-        if name == "Kb":  # absolute errors: the true gradient is zero
+        if name == "b_K":  # absolute errors: the true gradient is zero
             norm, size = table.loc[name, b_fd_rel], params[name].size
         else:
             norm = table.loc[name, b_fd_rel] * table.loc[name, true]
@@ -165,14 +169,15 @@ def test_gradient_check_table_and_its_display(ch06):
     shown = ch06.show(table)
     assert (shown[b_auto] == "< 1e-14").all() and b_fd not in shown.columns
     assert (
-        shown.loc["Q", "|true grad|"] == f"{table.loc['Q', '|true grad|']:.1e}"
+        shown.loc["Q_jl", "|true grad|"]
+        == f"{table.loc['Q_jl', '|true grad|']:.1e}"
     )
 
 
 def test_error_is_absolute_for_the_key_bias_only(ch06):
     g, ref = np.array([3.0, 4.0]), np.array([0.0, 2.0])
-    assert ch06.error("Kb", g, ref) == pytest.approx(np.hypot(3, 2))
-    assert ch06.error("K", g, ref) == pytest.approx(np.hypot(3, 2) / 2)
+    assert ch06.error("b_K", g, ref) == pytest.approx(np.hypot(3, 2))
+    assert ch06.error("K_jl", g, ref) == pytest.approx(np.hypot(3, 2) / 2)
 
 
 def test_cosines_are_one_when_attention_is_uniform(ch06):
@@ -181,15 +186,17 @@ def test_cosines_are_one_when_attention_is_uniform(ch06):
     pairs = [realistic(ch06, seed, 5)[:2] for seed in range(3)]
     _, _, params = realistic(ch06, 9, 5)
     uniform = dict(
-        params, Q=np.zeros_like(params["Q"]), Qb=np.zeros_like(params["Qb"])
+        params,
+        Q_jl=np.zeros_like(params["Q_jl"]),
+        b_Q=np.zeros_like(params["b_Q"]),
     )
-    cosines = ch06.gradient_cosines(pairs, uniform, "Q")
+    cosines = ch06.gradient_cosines(pairs, uniform, "Q_jl")
     assert_allclose(cosines, 1.0, rtol=0, atol=1e-12)
-    assert ch06.gradient_cosines(pairs, params, "Q").min() < 0.99
+    assert ch06.gradient_cosines(pairs, params, "Q_jl").min() < 0.99
     with pytest.raises(ValueError, match="zero gradient"):
-        ch06.gradient_cosines(pairs, uniform, "K")  # q = 0: dL/dK = 0
+        ch06.gradient_cosines(pairs, uniform, "K_jl")  # q = 0: dL/dK = 0
     one_word = [(pairs[0][0][:, :1], pairs[0][1])]  # left out: no gradient
-    assert ch06.gradient_cosines(one_word, params, "Q").size == 0
+    assert ch06.gradient_cosines(one_word, params, "Q_jl").size == 0
 
 
 # --- tokens, data, parameters ---------------------------------------------
@@ -218,9 +225,9 @@ def test_one_hot_follows_classes(ch06):
 def test_init_params_copies_k_into_v(ch06):
     params = ch06.init_params(np.random.default_rng(ch06.SEED))
     ch06.check_params(params)
-    assert_array_equal(params["V"], params["K"])
-    assert not np.shares_memory(params["V"], params["K"])
-    for name in ("Qb", "Kb", "Vb", "b"):
+    assert_array_equal(params["V_jl"], params["K_jl"])
+    assert not np.shares_memory(params["V_jl"], params["K_jl"])
+    for name in ("b_Q", "b_K", "b_V", "b"):
         assert not params[name].any()
 
 
@@ -276,10 +283,10 @@ def test_bad_inputs_raise_value_error(ch06):
         ch06.cross_entropy(np.ones((3, 1)) / 3, np.ones(3))
     with pytest.raises(ValueError, match="n_words"):
         ch06.load_glove(0)
-    with pytest.raises(ValueError, match="Kb must have shape"):
-        ch06.check_params(dict(params, Kb=np.zeros((d + 1, 2))))
+    with pytest.raises(ValueError, match="b_K must have shape"):
+        ch06.check_params(dict(params, b_K=np.zeros((d + 1, 2))))
     with pytest.raises(ValueError, match="missing parameters"):
-        ch06.check_params({"Q": params["Q"]})
+        ch06.check_params({"Q_jl": params["Q_jl"]})
     dataset = [(np.ones((d, 2)), ch06.one_hot("neutral"))]
     with pytest.raises(ValueError, match="unknown parameters"):
         ch06.train(
@@ -334,7 +341,7 @@ def test_sgd_step_builds_new_arrays_and_respects_frozen(ch06):
     for name in params:
         assert_array_equal(params[name], before[name])  # nothing in place
     assert new["W"] is params["W"] and new["b"] is params["b"]
-    assert_allclose(new["Q"], params["Q"] - 0.5, rtol=0, atol=0)
+    assert_allclose(new["Q_jl"], params["Q_jl"] - 0.5, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("which", ["backprop_source", "backprop_corrected"])
@@ -345,7 +352,7 @@ def test_training_freezes_w_and_b_and_lowers_the_loss(ch06, small_data, which):
     )
     assert_array_equal(new["W"], params["W"])  # frozen by default
     assert_array_equal(new["b"], params["b"])
-    assert not np.allclose(new["K"], params["K"])
+    assert not np.allclose(new["K_jl"], params["K_jl"])
     assert losses.shape == (5,) and (np.diff(losses) < 0).all()
     # epoch 1's first loss is taken before any update: at the start, every
     # class is about equally likely
@@ -380,7 +387,11 @@ def test_train_watching_logs_what_train_does(ch06, small_data):
     winners, _ = ch06.attention_state(small_data, p)
     for _ in range(4):
         new, _ = ch06.train(small_data, p, ch06.backprop_source, epochs=1)
-        steps.append(np.sqrt(sum(np.sum((new[n] - p[n]) ** 2) for n in "QK")))
+        steps.append(
+            np.sqrt(
+                sum(np.sum((new[n] - p[n]) ** 2) for n in ("Q_jl", "K_jl"))
+            )
+        )
         previous, (winners, _) = winners, ch06.attention_state(small_data, new)
         changed.append(int(np.sum(winners != previous)))
         p = new
@@ -507,8 +518,8 @@ def test_init_params_draws_q_k_w_over_100_in_the_posts_order(ch06):
         rng.standard_normal(shape) / 100
         for shape in [(51, 51)] * 2 + [(3, 51)]
     )
-    assert_allclose(params["Q"], Q, rtol=1e-15, atol=0)
-    assert_allclose(params["K"], K, rtol=1e-15, atol=0)
+    assert_allclose(params["Q_jl"], Q, rtol=1e-15, atol=0)
+    assert_allclose(params["K_jl"], K, rtol=1e-15, atol=0)
     assert_allclose(params["W"], W, rtol=1e-15, atol=0)
     assert [params[n].shape for n in GRAD_NAMES] == [
         (51, 51),
@@ -526,7 +537,7 @@ def reference_forward(x, params):
     """Equations (ch6-qkv) to (ch6-head), one word and one class at a time."""
     n = x.shape[1]
     x = np.vstack([x, np.arange(n)])  # positions 0 .. n - 1
-    q, k, v = (params[m] @ x + params[m + "b"] for m in "QKV")
+    q, k, v = (params[m + "_jl"] @ x + params["b_" + m] for m in "QKV")
     s = np.sqrt(51 * n)
     alpha = np.zeros((n, n))
     for i in range(n):
@@ -619,7 +630,7 @@ def test_training_step_is_sgd_with_the_posts_defaults(ch06, small_data):
         assert_allclose(new[n], p[n], rtol=0, atol=1e-14)
 
 
-@pytest.mark.parametrize("name", ["Q", "K", "V", "Qb", "W", "b"])
+@pytest.mark.parametrize("name", ["Q_jl", "K_jl", "V_jl", "b_Q", "W", "b"])
 def test_corrected_gradient_of_each_formula(ch06, name):
     # one non-symmetric case per formula of (ch6-head-backward) to
     # (ch6-qk-backward), against autograd, with d_v != d_z alpha^T
@@ -793,7 +804,10 @@ def test_stored_params_and_run_log_read_one_run(ch06):
     rng = np.random.default_rng(0)
     params = ch06.init_params(rng)
     files = {f"x.{n}": v for n, v in params.items()}
-    files |= {"y.Q": params["Q"], "x_1.Q": 2 * params["Q"]}  # other runs
+    files |= {
+        "y.Q_jl": params["Q_jl"],
+        "x_1.Q_jl": 2 * params["Q_jl"],
+    }  # other runs
     got = ch06.stored_params(_Stored(files), "x")
     assert set(got) == set(GRAD_NAMES)
     for name in GRAD_NAMES:
