@@ -391,7 +391,10 @@ def test_no_query_gives_an_empty_result_as_torch(T_k):
         (lambda: KVCache(3).check_layer("3", True), "window"),
         (lambda: KVCache(3).check_layer(3, 1), "causal"),
         (lambda: transformer.rotary(ones(3, 4), [0, 1, 2]), r"\(3,\) tensor"),
-        (lambda: transformer.rotary(ones(3, 4).long()), "floating-point"),
+        (
+            lambda: transformer.rotary(ones(3, 4).long()),
+            "x must be a floating-point tensor",
+        ),
         (lambda: transformer.rotary([[1.0, 2.0]]), "floating-point"),
         (
             lambda: transformer.allowed_positions([0, 1], torch.arange(2)),
