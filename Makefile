@@ -23,7 +23,7 @@ XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-re
 # OpenMP threads waiting for a core slow small operations: with two spinning
 # threads chapter 8 took 63.6 s against 16.1 s on one thread, its cell of
 # many small tensors 44.7 s against 9.1 s, 4 to 5 times as long (a shared
-# 2-core Xeon; tools/test_portable.py). (Speed only: make test-portable
+# 2-core Xeon; tools/check/test_portable.py). (Speed only: make test-portable
 # proves that no digit depends on the thread count.)
 SHARE := OMP_NUM_THREADS=$(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(JOBS) )); [ $$n -lt 1 ] && n=1; echo $$n)
 SHARE += MKL_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
@@ -50,7 +50,7 @@ help:
 	@echo "                    its static cache, decode levers, batching and speculative decoding;"
 	@echo "                    chapter 12's decoding speed of each attention variant; chapter 13's"
 	@echo "                    tiled forward and backward passes against SDPA, their ablation, where"
-	@echo "                    the time goes and 200 training steps through each (tools/bench_flash.py)"
+	@echo "                    the time goes and 200 training steps through each (tools/bench/bench_flash.py)"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
 	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
 	@echo "make train-variants chapter 12's attention variants trained like chapter 10's GPT, two at a time"
@@ -62,7 +62,7 @@ help:
 	@echo "                    tests per file, portable variants); not a test. BENCH_ARGS=--write-durations"
 	@echo "                    stores the per-file times in tests/durations.json; BENCH_ARGS='--install DIR'"
 	@echo "                    also times a fresh install into a new venv in DIR (a folder that must not exist)"
-	@echo "make mutants        plant each bug of tools/mutants/*.toml in a scratch copy and check that tests/"
+	@echo "make mutants        plant each bug of tools/check/mutants/*.toml in a scratch copy and check that tests/"
 	@echo "                    catches it (minutes; ONLY=id-or-prefix for some, JOBS=N at a time)"
 	@echo "make screenshots    a PNG of every page, light and dark, in _build/screenshots/"
 	@echo "make pdf            the whole book as one PDF in _build/pdf/ (needs Debian's chromium)"
@@ -90,33 +90,33 @@ venv: $(STAMP)
 # every notebook first (Jupyter Book's cache: unchanged ones are reused from
 # _build/.jupyter_cache), so the pages show outputs computed on this machine.
 book: $(STAMP)
-	$(BIN)/python tools/build_site.py $(if $(filter-out 0,$(EXECUTE)),--execute)
+	$(BIN)/python tools/build/build_site.py $(if $(filter-out 0,$(EXECUTE)),--execute)
 
 html: book
 
 # The whole suite:
 # - lint (ruff, codespell, the CI files' schemas);
 # - the site, built from the stored outputs with Sphinx warnings as errors
-#   (tools/build_site.py); every chapter's download zip unpacked into an
-#   empty folder of its own (tools/stage_downloads.py);
+#   (tools/build/build_site.py); every chapter's download zip unpacked into an
+#   empty folder of its own (tools/build/stage_downloads.py);
 # - one pytest run, so that it ends on one summary line: nbval in strict mode
 #   on every chapter AS DOWNLOADED (every stored text output reproduced
 #   exactly by a fresh kernel that has nothing but the zip's files), and
 #   tests/: the chapters' own code, the site's pages (built, and opened in
 #   Chromium), the zips, R's output against the book's.
 test: lint
-	$(BIN)/python tools/build_site.py
-	$(BIN)/python tools/stage_downloads.py
+	$(BIN)/python tools/build/build_site.py
+	$(BIN)/python tools/build/stage_downloads.py
 	BOOK_SITE_BUILT=1 $(SHARE) $(BIN)/python -m pytest $(XDIST) \
 		_build/downloads/*/*.ipynb tests
 
-# The stored outputs again, under other CPU code paths (tools/test_portable.py):
+# The stored outputs again, under other CPU code paths (tools/check/test_portable.py):
 # no printed digit may depend on the processor or the thread count.
 # PORTABLE=generic runs one variant (what .ci/run runs on every push; the
 # weekly CI job runs two-threads).
 PORTABLE ?= generic two-threads
 test-portable: $(STAMP)
-	$(BIN)/python tools/test_portable.py --jobs $(JOBS) $(addprefix --only ,$(PORTABLE))
+	$(BIN)/python tools/check/test_portable.py --jobs $(JOBS) $(addprefix --only ,$(PORTABLE))
 
 test-notebooks: $(STAMP)
 	$(SHARE) $(BIN)/python -m pytest $(XDIST) $(NOTEBOOKS)
@@ -130,14 +130,14 @@ test-code: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
-	$(BIN)/python tools/spellcheck.py
+	$(BIN)/python tools/check/spellcheck.py
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(BIN)/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
 
 # Re-execute notebooks top to bottom in a fresh kernel and store the outputs
 # (no timestamps: a second run gives no diff).
 outputs: $(STAMP)
-	$(BIN)/python tools/refresh_outputs.py $(NB)
+	$(BIN)/python tools/check/refresh_outputs.py $(NB)
 
 # Chapter 8's measurements: median time, GFLOP/s and peak extra memory of
 # each attention program for T = 256 ... 4096 (about 20 minutes with its
@@ -145,31 +145,31 @@ outputs: $(STAMP)
 # CONTRIBUTING.md; run it on a quiet machine, then
 # `make outputs NB=book/08_efficient_attention.ipynb`);
 # then chapter 7's training times (printed only); chapter 10's training and
-# generation times (tools/bench_gpt.py); chapter 11's prefill, decode,
+# generation times (tools/bench/bench_gpt.py); chapter 11's prefill, decode,
 # bandwidth, per-operation, matmul-ceiling and generation times
-# (tools/bench_token_cost.py, seconds, one run), its static cache, decode
-# levers and batching (tools/bench_static.py) and speculative decoding
-# (tools/bench_speculative.py); chapter 12's greedy decoding speed of each
-# attention variant with its own cache (tools/bench_variants.py); chapter
+# (tools/bench/bench_token_cost.py, seconds, one run), its static cache, decode
+# levers and batching (tools/bench/bench_static.py) and speculative decoding
+# (tools/bench/bench_speculative.py); chapter 12's greedy decoding speed of each
+# attention variant with its own cache (tools/bench/bench_variants.py); chapter
 # 13's tiled forward and backward against SDPA, its ablation, where the
 # time goes (a profile) and 200 steps of training through each
-# (tools/bench_flash.py).
+# (tools/bench/bench_flash.py).
 bench: $(STAMP)
-	$(BIN)/python tools/bench_attention.py
-	$(BIN)/python tools/bench_attention.py --threads 2 --sizes 4096 --parts main \
+	$(BIN)/python tools/bench/bench_attention.py
+	$(BIN)/python tools/bench/bench_attention.py --threads 2 --sizes 4096 --parts main \
 	    --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
-	$(BIN)/python tools/bench_sentiment.py
-	$(BIN)/python tools/bench_gpt.py
-	$(BIN)/python tools/bench_token_cost.py
-	$(BIN)/python tools/bench_static.py
-	$(BIN)/python tools/bench_speculative.py
-	$(BIN)/python tools/bench_variants.py
-	$(BIN)/python tools/bench_flash.py
+	$(BIN)/python tools/bench/bench_sentiment.py
+	$(BIN)/python tools/bench/bench_gpt.py
+	$(BIN)/python tools/bench/bench_token_cost.py
+	$(BIN)/python tools/bench/bench_static.py
+	$(BIN)/python tools/bench/bench_speculative.py
+	$(BIN)/python tools/bench/bench_variants.py
+	$(BIN)/python tools/bench/bench_flash.py
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt
 train-gpt: $(STAMP)
-	$(BIN)/python tools/train_gpt.py
+	$(BIN)/python tools/train/train_gpt.py
 
 # Chapter 11's losses past the training length, with attention sinks and with
 # an 8-bit cache, from chapter 10's stored weights (41 s of CPU, user and
@@ -179,46 +179,46 @@ train-gpt: $(STAMP)
 # when train-gpt changes the weights, and it times nothing.
 .PHONY: long-context
 long-context: $(STAMP)
-	$(BIN)/python tools/long_context.py
+	$(BIN)/python tools/train/long_context.py
 
 # Chapter 11's draft model for speculative decoding: chapter 10's GPT with
 # one layer, trained the same way on one thread (book/data/gpt_draft.pt and
 # its log, CPU and wall seconds).
 .PHONY: train-gpt-draft
 train-gpt-draft: $(STAMP)
-	$(BIN)/python tools/train_gpt_draft.py
+	$(BIN)/python tools/train/train_gpt_draft.py
 
 # Chapter 6's four forward-fill models, trained in full on one thread:
 # weights and log in book/data/ (the chapter loads them).
 .PHONY: train-positions
 train-positions: $(STAMP)
-	$(BIN)/python tools/train_positions.py
+	$(BIN)/python tools/train/train_positions.py
 
 # Chapter 9's two models (with and without attention) trained in full, on one
 # thread: weights, log and a model description in book/data/
-# (tools/train_additive.py; then make outputs NB=book/09_additive_attention.ipynb).
+# (tools/train/train_additive.py; then make outputs NB=book/09_additive_attention.ipynb).
 .PHONY: train-additive
 train-additive: $(STAMP)
-	$(BIN)/python tools/train_additive.py
+	$(BIN)/python tools/train/train_additive.py
 
 # Issue 37's encoder-decoder Transformer (book/seq2seq.py), once per position
-# option, on chapter 9's strings and split, one thread (tools/train_seq2seq.py):
+# option, on chapter 9's strings and split, one thread (tools/train/train_seq2seq.py):
 # weights in book/data/seq2seq/, the log, each model's accuracy by length 6-20
 # beside chapter 9's GRU (its stored weights: run after train-additive) and a
 # model description in book/data/.
 .PHONY: train-seq2seq
 train-seq2seq: $(STAMP)
-	$(BIN)/python tools/train_seq2seq.py
+	$(BIN)/python tools/train/train_seq2seq.py
 
 # Chapter 7's trainings in full (1000 or 300 epochs, one thread): weights and
 # log in book/data/ (then `make outputs NB=book/07_sentiment.ipynb`).
 .PHONY: train-sentiment
 train-sentiment: $(STAMP)
-	$(BIN)/python tools/train_sentiment.py
+	$(BIN)/python tools/train/train_sentiment.py
 
 # Chapter 12's attention variants (book/variants.py's VARIANTS), each trained
 # like chapter 10's GPT in a process of its own on one thread, JOBS_TRAIN at
-# a time (tools/train_variants.py): weights in book/data/variants/, the log
+# a time (tools/train/train_variants.py): weights in book/data/variants/, the log
 # and a summary with each model's CPU and wall seconds in book/data/.
 # Measured once, on 2026-11-26 on the 2-core AMD EPYC, 2 jobs on 2 cores
 # shared with other work: 945 s of CPU for the ten models (75-151 s each;
@@ -226,7 +226,7 @@ train-sentiment: $(STAMP)
 JOBS_TRAIN ?= 2
 .PHONY: train-variants
 train-variants: $(STAMP)
-	$(BIN)/python tools/train_variants.py --jobs $(JOBS_TRAIN)
+	$(BIN)/python tools/train/train_variants.py --jobs $(JOBS_TRAIN)
 
 # Every training target, one after the other (chapters 6, 7 and 9 train on one
 # thread and log their CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all,
@@ -234,37 +234,37 @@ train-variants: $(STAMP)
 .PHONY: train
 train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq
 
-# The suite's own benchmark: the time of each stage (tools/bench_suite.py).
+# The suite's own benchmark: the time of each stage (tools/bench/bench_suite.py).
 # BENCH_ARGS=--write-durations also stores the per-file times in
 # tests/durations.json (the order in which `make test` starts them);
 # BENCH_ARGS='--install DIR' also times a fresh install into a new venv in
 # DIR, a folder that must not exist yet (--install alone stops with a usage
 # error).
 bench-suite: $(STAMP)
-	$(BIN)/python tools/bench_suite.py --jobs $(JOBS) $(BENCH_ARGS)
+	$(BIN)/python tools/bench/bench_suite.py --jobs $(JOBS) $(BENCH_ARGS)
 
 # External links of the pages built from the stored outputs (needs a network).
 linkcheck: $(STAMP)
-	$(BIN)/python tools/build_site.py --linkcheck
+	$(BIN)/python tools/build/build_site.py --linkcheck
 
 # Needs Debian's chromium (apt-get install chromium); no browser is downloaded.
 screenshots: html
-	$(BIN)/python tools/screenshots.py
+	$(BIN)/python tools/build/screenshots.py
 
 # The whole book as one PDF, _build/pdf/attention-from-scratch.pdf: the
-# single-page HTML build printed by Debian's chromium (tools/build_pdf.py).
+# single-page HTML build printed by Debian's chromium (tools/build/build_pdf.py).
 .PHONY: pdf
 pdf: $(STAMP)
-	$(BIN)/python tools/build_pdf.py
+	$(BIN)/python tools/build/build_pdf.py
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache .hypothesis tests/__pycache__ book/__pycache__ \
-	       tools/__pycache__ _ext/__pycache__ book/.ipynb_checkpoints
+	       tools/__pycache__ tools/*/__pycache__ _ext/__pycache__ book/.ipynb_checkpoints
 
 distclean: clean
 	rm -rf $(VENV)
 
-# Mutation run (issue 31): each bug listed in tools/mutants/*.toml (a file per
+# Mutation run (issue 31): each bug listed in tools/check/mutants/*.toml (a file per
 # chapter or module) planted in a
 # scratch copy of the book, one at a time; the tests/ of its chapter (of every
 # chapter using it, for a shared module) must catch it. Minutes, so not part
@@ -274,4 +274,4 @@ distclean: clean
 # ONLY=id-or-prefix runs some; JOBS=N runs N at a time.
 .PHONY: mutants
 mutants: $(STAMP)
-	$(BIN)/python tools/mutants.py --jobs $(JOBS) $(if $(ONLY),--only $(ONLY))
+	$(BIN)/python tools/check/mutants.py --jobs $(JOBS) $(if $(ONLY),--only $(ONLY))

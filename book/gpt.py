@@ -3,7 +3,7 @@
 A character-level GPT built from the decoder block of transformer.py, the
 training loop that fits it (`get_batch`, `train`) and the loss that judges
 it (`validation_loss`). Chapter 10 imports them from here and prints them;
-tools/train_gpt.py trains the stored weights (data/gpt_G4.pt, gpt_G1.pt)
+tools/train/train_gpt.py trains the stored weights (data/gpt_G4.pt, gpt_G1.pt)
 with them, so the parameter names are those of the stored state dicts.
 
 Chapter 11 adds what decoding fast needs: `StaticCache`, buffers allocated

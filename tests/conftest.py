@@ -13,15 +13,20 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from build_site import RECORD, build
-from chapter_loader import BOOK, ROOT, load_chapter
+# tools/ holds the shared modules (chapter_loader, measure, stored_models);
+# its folders by role hold the scripts the tests import.
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+sys.path[:0] = [
+    str(TOOLS / part) for part in ("", "build", "bench", "check", "train")
+]
+from build_site import RECORD, build  # noqa: E402
+from chapter_loader import BOOK, ROOT, load_chapter  # noqa: E402
 
 __all__ = ["BOOK", "ROOT", "load_chapter", "require_system_tool"]
 
 
 # Seconds each test scope (a notebook, a test file) took in the last
-# `make bench-suite` on a 2-core machine; written by tools/bench_suite.py.
+# `make bench-suite` on a 2-core machine; written by tools/bench/bench_suite.py.
 DURATIONS = Path(__file__).with_name("durations.json")
 # A scope not measured yet: a new chapter is likely among the longest, so it
 # starts early; a new test file is likely short.
@@ -106,7 +111,7 @@ def run_id(config):
 @pytest.fixture(scope="session")
 def built_site(pytestconfig):
     """The site in _build/html, built from the stored outputs with warnings
-    as errors (tools/build_site.py); returns (returncode, log).
+    as errors (tools/build/build_site.py); returns (returncode, log).
 
     `make test` builds it just before the tests (they also run every chapter
     from its downloaded zip) and says so with BOOK_SITE_BUILT=1. Otherwise the

@@ -62,7 +62,7 @@ def test_tab_check_sees_a_drifted_tab(tmp_path, monkeypatch):
 def test_teaching_cells_are_short():
     """Issue 17: a median code cell of at most 6 lines and at most 3 cells
     over 40 lines in the whole book, each one a class the text walks through
-    (`python tools/cell_stats.py` prints the figures)."""
+    (`python tools/check/cell_stats.py` prints the figures)."""
     from cell_stats import LONG, code_cell_lengths
 
     every, long_cells = [], []

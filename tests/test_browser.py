@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import ROOT, require_system_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "build"))
 import site_browser
 
 

@@ -711,7 +711,7 @@ def test_make_batch_digit_probability(ch):
 
 # ------------------------------------- the stored training (issue 39)
 # The chapter trains a short run only and loads the four models that
-# `make train-positions` (tools/train_positions.py) trained and stored.
+# `make train-positions` (tools/train/train_positions.py) trained and stored.
 
 
 @pytest.fixture(scope="module")
@@ -767,7 +767,7 @@ def test_stored_log_starts_from_the_chapters_models(ch, stored):
 
 
 def test_training_script_runs_the_chapters_code(ch, monkeypatch):
-    """tools/train_positions.py defines none of the chapter's functions
+    """tools/train/train_positions.py defines none of the chapter's functions
     again; its models are the chapter's new_model trained by the chapter's
     train, and its log holds their losses and, in each model's last row,
     their accuracies and seconds."""

@@ -451,7 +451,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "bench"))
     import bench_attention
 
     return bench_attention

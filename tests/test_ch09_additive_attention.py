@@ -845,7 +845,7 @@ def test_models_json_rebuilds_the_stored_models(ch09):
 
 
 def test_training_script_runs_the_chapters_recipe(ch09, splits, tmp_path):
-    """tools/train_additive.py trains with the chapter's own new_model, train
+    """tools/train/train_additive.py trains with the chapter's own new_model, train
     and RECIPE: its first steps are the chapter's, bit for bit, and what it
     stores loads with the chapter's load_trained."""
     import pandas as pd

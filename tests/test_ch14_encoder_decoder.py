@@ -4,7 +4,7 @@
   chapter 9's (its notebook's own definitions, loaded the same way);
 - `exact_match`, `first_errors` and `row_labels` against loops written here;
 - `load_model` and `results_at` on stored models give the rows of the table
-  `make train-seq2seq` stored (tools/train_seq2seq.py, `by_length`);
+  `make train-seq2seq` stored (tools/train/train_seq2seq.py, `by_length`);
 - `same_output`: no positions, a shuffled source changes no token; rotary, a
   reversed one does.
 """

@@ -2,7 +2,7 @@
 
 Each chapter page offers `downloads/<chapter>.zip` (made by _ext/site_extras.py
 when the site is built). `make test` unpacks every zip into an empty folder
-(tools/stage_downloads.py) and runs nbval on the unpacked notebooks, so every
+(tools/build/stage_downloads.py) and runs nbval on the unpacked notebooks, so every
 chapter is executed, top to bottom, with nothing around it but what its
 download holds. The tests here check the zips themselves."""
 
@@ -95,7 +95,7 @@ def test_chapter_files_finds_modules_and_data(tmp_path):
 
 
 def test_unpacked_downloads_are_exactly_the_zips(site):
-    """What nbval runs in `make test` (tools/stage_downloads.py) is the zips."""
+    """What nbval runs in `make test` (tools/build/stage_downloads.py) is the zips."""
     if not STAGE.is_dir():
         pytest.skip("no unpacked downloads: `make test` stages them first")
     unpacked = {

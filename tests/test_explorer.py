@@ -23,7 +23,7 @@ import pytest
 import yaml
 from conftest import BOOK, ROOT, require_system_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "build"))
 sys.path.insert(0, str(BOOK))
 import site_browser
 

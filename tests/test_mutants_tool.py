@@ -1,15 +1,15 @@
-"""tools/mutants.py, the runner of `make mutants`: a bug is planted in the
+"""tools/check/mutants.py, the runner of `make mutants`: a bug is planted in the
 code cells only and leaves a valid notebook, a `find` that does not occur
 exactly once makes the mutant invalid and stops the run before it starts,
 and a shared module's tests are those of every chapter that imports it.
-Every planted bug of tools/mutants/ still applies to the code as it is (its
+Every planted bug of tools/check/mutants/ still applies to the code as it is (its
 `find` occurs exactly once): a change that strands one fails here, in
 `make test`. (Whether the tests catch each bug is checked by running
 `make mutants`, not here.)"""
 
 import json
 
-import mutants as runner  # tools/mutants.py (its tests_for is no test)
+import mutants as runner  # tools/check/mutants.py (its tests_for is no test)
 import nbformat
 import pytest
 from mutants import (
@@ -141,7 +141,7 @@ def test_mutant_list_is_checked(tmp_path, toml, message):
 
 
 def test_every_planted_bug_still_applies():
-    """`tools/mutants.py --list`'s check (each `find` occurs exactly once in
+    """`tools/check/mutants.py --list`'s check (each `find` occurs exactly once in
     its file, each named test file exists, each mutant has a test file to
     run), in seconds, so that the change that strands a mutant fails, not
     the next `make mutants` run."""

@@ -1,4 +1,4 @@
-"""The book as one PDF (`make pdf`, tools/build_pdf.py): a title page, the
+"""The book as one PDF (`make pdf`, tools/build/build_pdf.py): a title page, the
 contents, every chapter's title, every figure, and no math left as TeX.
 
 The tests read the PDF that `make pdf` wrote (a build takes minutes, too long
@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import ROOT, require_system_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "build"))
 import build_pdf
 import site_browser
 
@@ -64,7 +64,7 @@ def sources():
         ROOT / "_toc.yml",
         ROOT / "_config.yml",
         ROOT / "book" / "references.bib",  # the bibliography page
-        ROOT / "tools" / "build_pdf.py",  # the print layout
+        ROOT / "tools" / "build" / "build_pdf.py",  # the print layout
         *files_under(ROOT / "_ext"),  # the site's Sphinx extension
         *files_under(ROOT / "book" / "images"),  # figures the pages include
     ]
@@ -312,7 +312,7 @@ def test_a_pdf_older_than_its_layout_or_images_is_stale():
     only the pages."""
     names = {p.relative_to(ROOT).as_posix() for p in sources()}
     assert {
-        "tools/build_pdf.py",
+        "tools/build/build_pdf.py",
         "_ext/site_extras.py",
         "book/images/bench_attention.png",  # chapter 8's figure
         "book/references.bib",

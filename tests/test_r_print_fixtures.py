@@ -1,6 +1,6 @@
 """The book's emulation of R's print() (r_format_vector, r_format_matrix)
 against what real R printed, stored in tests/fixtures/r_print_cases.json by
-tools/r_print_fixtures.py from the cases in tools/r_print_cases.R: ties
+tools/check/r_print_fixtures.py from the cases in tools/check/r_print_cases.R: ties
 between fixed and scientific notation, negative zero, the widths of mixed
 vectors and matrix columns, row labels, very large and very small numbers,
 lines R wraps. The tests against the stored file need no R; two more run

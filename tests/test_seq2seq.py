@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-import train_seq2seq as tool  # tools/train_seq2seq.py
+import train_seq2seq as tool  # tools/train/train_seq2seq.py
 from conftest import BOOK
 from torch import nn
 
@@ -976,7 +976,7 @@ def test_stored_models_reproduce_their_rows():
 
 
 def test_the_tool_writes_the_stored_json():
-    """tools/train_seq2seq.py's spec, for the stored models, is the stored
+    """tools/train/train_seq2seq.py's spec, for the stored models, is the stored
     seq2seq_models.json (so that --only can merge into it)."""
     spec = json.loads((BOOK / "data" / tool.SPEC).read_text())
     ch = tool.load_chapter(tool.CHAPTER)
