@@ -228,7 +228,9 @@ def check_width(lines, width, what):
 
 def long_double(q):
     """The exact fraction q rounded to 64 significant bits, ties to even:
-    an x87 long double, in which R scales a number to its digits."""
+    C's long double on x86-64, the x87's 80-bit format, in which R scales a
+    number to its digits. R built with another long double (113 bits on
+    aarch64 Linux) may round some ties otherwise."""
     if isinstance(q, bool) or not isinstance(
         q, (int, float, Fraction, np.integer, np.floating)
     ):
