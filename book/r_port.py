@@ -148,11 +148,19 @@ def check_matrix(M):
 def check_real_array(x, name):
     """x as a float array, if R would hold exactly these finite doubles."""
     try:
-        x = np.asarray(x)
+        x = np.ma.asarray(x)  # a masked array, even in a list, keeps its mask
     except ValueError as error:  # rows of different lengths
         raise ValueError(
             f"{name} needs a rectangular array: {error}"
         ) from None
+    masked = int(np.ma.getmaskarray(x).sum())
+    if masked:  # np.asarray would print the hidden values
+        raise ValueError(
+            f"{name} got a masked array with {masked} masked "
+            f"entr{'y' if masked == 1 else 'ies'}: R prints NA for a "
+            "missing value, which this port does not"
+        )
+    x = np.asarray(np.ma.getdata(x))
     if x.dtype.kind not in "iuf" or x.dtype.itemsize > 8:
         raise ValueError(
             f"{name} prints real numbers (an integer or float array of at "
@@ -220,7 +228,9 @@ def check_width(lines, width, what):
 
 def long_double(q):
     """The exact fraction q rounded to 64 significant bits, ties to even:
-    an x87 long double, in which R scales a number to its digits."""
+    C's long double on x86-64, the x87's 80-bit format, in which R scales a
+    number to its digits. R built with another long double (113 bits on
+    aarch64 Linux) may round some ties otherwise."""
     if isinstance(q, bool) or not isinstance(
         q, (int, float, Fraction, np.integer, np.floating)
     ):

@@ -60,6 +60,22 @@ BAD_INPUT = [
     ("check_real_array", ([2**53 + 1], "f"), "not exactly a double"),
     ("check_real_array", ([[1.0], [1.0, 2.0]], "f"), "rectangular"),
     ("check_real_array", ([1.0, np.nan], "f"), "finite"),
+    # a masked entry would print its hidden value, where R shows NA
+    (
+        "check_real_array",
+        (np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "f"),
+        "1 masked entry",
+    ),
+    (
+        "r_format_vector",
+        (np.ma.masked_array([1.0, 2.0], mask=[0, 1]),),
+        "r_format_vector got a masked array",
+    ),
+    (
+        "r_format_matrix",
+        ([np.ma.masked_array([1.0, 2.0], mask=[1, 1])],),
+        "2 masked entries",
+    ),
     ("check_numbers", ([], "f"), "non-empty 1-D"),
     ("check_numbers", (np.ones((2, 2)), "f"), "non-empty 1-D"),
     ("check_numbers", ([-np.inf], "f"), "finite"),
@@ -144,6 +160,7 @@ def test_bad_input_raises_a_value_error_naming_it(name, args, message):
         (np.array([1, -2], dtype=np.int8), "[1]  1 -2"),
         (np.array([0.5], dtype=np.float32), "[1] 0.5"),
         (np.float64(3.0), "[1] 3"),
+        (np.ma.masked_array([1.0, 2.0], mask=[0, 0]), "[1] 1 2"),  # no mask
         ([2**53], "[1] 9.007199e+15"),
         (np.array([2**62], dtype=np.uint64), "[1] 4.611686e+18"),
     ],
