@@ -285,3 +285,8 @@ def test_ratio_columns_without_an_interval_below_six_rounds():
     assert math.isnan(out["ratio_lo"]) and math.isnan(out["ratio_hi"])
     full = measure.ratio_columns([2.0] * 6, [1.0] * 6)
     assert full == measure.paired_ratio([2.0] * 6, [1.0] * 6)
+
+
+def test_interval_only_keeps_the_bounds():
+    columns = measure.median_columns("cpu_s", [float(v) for v in range(1, 8)])
+    assert measure.interval_only(columns) == {"cpu_s_lo": 1.0, "cpu_s_hi": 7.0}

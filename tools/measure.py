@@ -201,6 +201,12 @@ def median_columns(name, values, per=1.0, level=LEVEL):
     return {name: median, f"{name}_lo": low, f"{name}_hi": high}
 
 
+def interval_only(columns):
+    """The _lo and _hi columns of `median_columns` (for a row that writes
+    its medians rounded)."""
+    return {k: v for k, v in columns.items() if k.endswith(("_lo", "_hi"))}
+
+
 def paired_ratio(numerator, denominator, level=LEVEL):
     """The per-round ratios numerator_i / denominator_i of a paired sample
     (for instance SDPA's time over ours: above 1, ours is faster): a dict

@@ -48,8 +48,8 @@ def add_timing(parser):
     parser.add_argument(
         "--min-repeats",
         type=int,
-        default=6,
-        help="calls of a program at least (6: the fewest with a 95 %% "
+        default=3,
+        help="calls of a program at least (below 6, its row has no 95 %% "
         "interval of the median)",
     )
     parser.add_argument("--max-repeats", type=int, default=15)
