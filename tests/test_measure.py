@@ -1,11 +1,13 @@
 """tools/measure.py, the benchmarks' one measuring module, with a fake
 clock: no real timing, so the statistics are tested exactly."""
 
+import dataclasses
 import math
 import random
 import statistics
 import sys
 import types
+from pathlib import Path
 
 import measure  # tools/, on the path by tests/conftest.py
 import pytest
@@ -290,3 +292,17 @@ def test_ratio_columns_without_an_interval_below_six_rounds():
 def test_interval_only_keeps_the_bounds():
     columns = measure.median_columns("cpu_s", [float(v) for v in range(1, 8)])
     assert measure.interval_only(columns) == {"cpu_s_lo": 1.0, "cpu_s_hi": 7.0}
+
+
+def test_quick_or_full_reads_the_command_line(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        size: int = 512
+        csv: Path = Path("book/data/x.csv")
+
+    full, quick = Config(), Config(size=8)
+    assert measure.quick_or_full("d", full, quick, []) == full
+    out = measure.quick_or_full(
+        "d", full, quick, ["--quick", "--csv", "a.csv"]
+    )
+    assert out == Config(8, Path("a.csv"))

@@ -44,6 +44,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LEVEL = 0.95
 BUSY_PER_CORE = 0.5
@@ -355,6 +356,21 @@ def write_csv(rows, path, run=None, float_format="%.6g"):
     table.to_csv(path, index=False, float_format=float_format)
     print(f"wrote {path}")
     return table
+
+
+def quick_or_full(description, full, quick, argv=None):
+    """The config of a benchmark's run from its command line: `full`, or
+    with --quick the tiny `quick` (to prove the script runs); --csv PATH
+    replaces its `csv` (a frozen dataclass's field)."""
+    import argparse
+    import dataclasses
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--csv", type=Path, help=f"the table ({full.csv})")
+    args = parser.parse_args(argv)
+    config = quick if args.quick else full
+    return dataclasses.replace(config, csv=args.csv or config.csv)
 
 
 def run_id():

@@ -55,7 +55,7 @@ def matmul_ceiling(n, clock="wall", rounds=15, max_seconds=3.0):
     return 2 * n**3 / median / 1e9, t, timing
 
 
-def time_pairs(sdpa, calls, part):
+def paired_with_sdpa(sdpa, calls, part):
     """(times, times_sdpa, Timing): part.pairs rounds, each calling, for
     every variant, the fused kernel and then the variant; times name ->
     seconds of the variant's calls, times_sdpa name -> those of the fused
@@ -126,7 +126,7 @@ def time_variants(chapter, problem, part, variants, causals, info):
             n: make_variant(chapter, f, kw, causal, tensors)
             for n, (f, kw) in variants.items()
         }
-        times, times_sdpa, timing = time_pairs(sdpa, calls, part)
+        times, times_sdpa, timing = paired_with_sdpa(sdpa, calls, part)
         for name, t in times.items():
             kwargs = variants.get(name, ("", {}))[1]
             row = variant_row(name, kwargs, causal, T, t, times_sdpa[name])

@@ -23,9 +23,8 @@ asserts bounds on the stored ones.
 Usage: python tools/bench/bench_static.py [--quick --out DIR]
 """
 
-import argparse
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -172,13 +171,4 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument(
-        "--csv", type=Path, help="the table (default: book/data)"
-    )
-    args = parser.parse_args()
-    cfg = QUICK if args.quick else Config()
-    if args.csv:
-        cfg = replace(cfg, csv=args.csv)
-    main(cfg)
+    main(measure.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))
