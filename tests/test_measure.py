@@ -279,6 +279,7 @@ def test_machine_names_the_processor_and_threads(monkeypatch):
     assert out["torch"] == "2.x"
     assert out["threads"] == 2 and out["cores"] >= 1
     assert out["machine"] == f"{out['cpu']}, {out['cores']} cores"
+    assert len(out["date"]) == 10 and out["date"][4] == "-"
 
 
 def test_ratio_columns_without_an_interval_below_six_rounds():

@@ -65,7 +65,9 @@ def cpu_model():
 
 
 def machine(threads):
-    """The columns that describe the machine of a run."""
+    """The columns that describe the machine of a run, and its date."""
+    import datetime
+
     import torch  # imported here: the statistics need no torch
 
     cpu, cores = cpu_model(), os.cpu_count()
@@ -75,6 +77,7 @@ def machine(threads):
         "cores": cores,
         "torch": torch.__version__,
         "threads": threads,
+        "date": datetime.date.today().isoformat(),
     }
 
 

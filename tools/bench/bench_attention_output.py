@@ -2,20 +2,17 @@
 row (tools/measure.py's), the CSV tables, the figure, and the closing ratios
 it prints."""
 
-import datetime
-
 import measure
 import numpy as np
 from bench_attention_programs import NAIVE, PROGRAMS, SDPA
 
 
 def machine_columns(problem, clock):
-    """The columns every row carries: the machine (tools/measure.py's
-    record), numpy's version, the clock, the date and the problem."""
+    """The columns every row carries: the machine and the date
+    (tools/measure.py's record), numpy's version, the clock, the problem."""
     return measure.machine(problem.threads) | {
         "numpy": np.__version__,
         "clock": clock,
-        "date": datetime.date.today().isoformat(),
         "d": problem.d,
         "heads": problem.heads,
         "batch": problem.batch,

@@ -34,7 +34,6 @@ Usage: python tools/bench/bench_flash.py [--parts speed ablation profile train]
 """
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -139,13 +138,7 @@ def row(t_ours, t_theirs, timing, threads, **columns):
     }
     for name, values in ms.items():
         spread |= measure.median_columns(name, values)
-    return measure.row(spread, timing, machine(threads), **columns)
-
-
-def machine(threads):
-    return measure.machine(threads) | {
-        "date": datetime.date.today().isoformat()
-    }
+    return measure.row(spread, timing, measure.machine(threads), **columns)
 
 
 def speed(cfg):
@@ -284,7 +277,7 @@ def profile(cfg):
                     "calls_per_call": event.count / calls,
                 })  # fmt: skip
     load.load_after = measure.load_average()
-    rows = [measure.row({}, load, machine(1), **r) for r in rows]
+    rows = [measure.row({}, load, measure.machine(1), **r) for r in rows]
     frame = pd.DataFrame(rows)
     frame = frame[
         frame.self_cpu_ms_per_call >= 0.5

@@ -143,7 +143,7 @@ def install(root, folder):
 def run(args):
     root = Path(args.root).resolve() if args.root else HERE
     results = {
-        "machine": machine(args.jobs or default_jobs()),
+        "machine": machine_line(args.jobs or default_jobs()),
         "stages": {},
         "scopes": {},
     }
@@ -208,7 +208,7 @@ def default_jobs():
     return min(n, 4)
 
 
-def machine(threads):
+def machine_line(threads):
     """The machine (tools/measure.py's record) and its load now."""
     m = measure.machine(threads)
     return f"{m['machine']}, torch {m['torch']}, load {measure.load_average():.1f}"
