@@ -45,12 +45,14 @@ help:
 	@echo "                    (PORTABLE=generic or PORTABLE=two-threads: one variant)"
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
-	@echo "make bench          chapter 8's attention timings, chapter 7's and chapter 10's training times,"
-	@echo "                    chapter 11's prefill, decode, bandwidth, per-operation, matmul and generation times,"
-	@echo "                    its static cache, decode levers, batching and speculative decoding;"
-	@echo "                    chapter 12's decoding speed of each attention variant; chapter 13's"
-	@echo "                    tiled forward and backward passes against SDPA, their ablation, where"
-	@echo "                    the time goes and 200 training steps through each (tools/bench/bench_flash.py)"
+	@echo "make bench          every chapter's benchmarks, timed by tools/measure.py (medians with 95 %"
+	@echo "                    intervals, the machine and its load in every row); PART=name runs one"
+	@echo "                    chapter's part: ch07 (training times), ch08 (attention programs, ablation,"
+	@echo "                    tiles, two threads), ch10 (training, generation), ch11 (prefill, decode,"
+	@echo "                    bandwidth, static cache, decode levers, batching, speculative decoding),"
+	@echo "                    ch12 (decoding speed of each variant), ch13 (tiled forward and backward"
+	@echo "                    against SDPA, ablation, profile, training); RUN=k appends the rows to the"
+	@echo "                    tables with run = k (an independent repeat) instead of replacing them"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
 	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
 	@echo "make train-variants chapter 12's attention variants trained like chapter 10's GPT, two at a time"
@@ -139,32 +141,47 @@ lint: $(STAMP)
 outputs: $(STAMP)
 	$(BIN)/python tools/check/refresh_outputs.py $(NB)
 
-# Chapter 8's measurements: median time, GFLOP/s and peak extra memory of
-# each attention program for T = 256 ... 4096 (about 20 minutes with its
-# tile sweep on 2026-11-27, 2-core AMD EPYC, helpers on the machine: see
-# CONTRIBUTING.md; run it on a quiet machine, then
-# `make outputs NB=book/08_efficient_attention.ipynb`);
-# then chapter 7's training times (printed only); chapter 10's training and
-# generation times (tools/bench/bench_gpt.py); chapter 11's prefill, decode,
-# bandwidth, per-operation, matmul-ceiling and generation times
-# (tools/bench/bench_token_cost.py, seconds, one run), its static cache, decode
-# levers and batching (tools/bench/bench_static.py) and speculative decoding
-# (tools/bench/bench_speculative.py); chapter 12's greedy decoding speed of each
-# attention variant with its own cache (tools/bench/bench_variants.py); chapter
-# 13's tiled forward and backward against SDPA, its ablation, where the
-# time goes (a profile) and 200 steps of training through each
-# (tools/bench/bench_flash.py).
+# The benchmarks, one part per chapter (the machine is shared: run them on a
+# quiet one; each row records the load before and after and a `busy` flag).
+# `make bench` runs every part; `make bench PART=ch11` one chapter's (or
+# PART="ch08 ch13" some); `make bench PART=ch13 RUN=2` an independent repeat:
+# the rows are appended to the tables with a `run` column (BENCH_RUN) instead
+# of replacing them (repeats are separate invocations at different times).
+# Every script times with tools/measure.py (interleaved rounds, medians with
+# their 95 % intervals, paired ratios, the machine record).
+# - ch07: chapter 7's training times (printed only; tools/bench/bench_sentiment.py);
+# - ch08: chapter 8's median time, GFLOP/s and peak extra memory of each
+#   attention program for T = 256 ... 4096, its ablation and tile sweep, and
+#   the same at 4096 on two threads (about 20 minutes on 2026-11-27, 2-core
+#   AMD EPYC, helpers on the machine: see CONTRIBUTING.md; then
+#   `make outputs NB=book/08_efficient_attention.ipynb`);
+# - ch10: chapter 10's training and generation times (tools/bench/bench_gpt.py);
+# - ch11: chapter 11's prefill, decode, bandwidth, per-operation,
+#   matmul-ceiling and generation times (tools/bench/bench_token_cost.py), its
+#   static cache, decode levers and batching (tools/bench/bench_static.py) and
+#   speculative decoding (tools/bench/bench_speculative.py);
+# - ch12: chapter 12's greedy decoding speed of each attention variant with
+#   its own cache (tools/bench/bench_variants.py);
+# - ch13: chapter 13's tiled forward and backward against SDPA, its ablation,
+#   where the time goes (a profile) and 200 steps of training through each
+#   (tools/bench/bench_flash.py).
+PART ?=
+RUN ?=
+BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13
+BENCH_PY := $(if $(RUN),BENCH_RUN=$(RUN) )$(BIN)/python tools/bench
+BENCH_ch07 := $(BENCH_PY)/bench_sentiment.py
+BENCH_ch08 := $(BENCH_PY)/bench_attention.py && $(BENCH_PY)/bench_attention.py \
+	--threads 2 --sizes 4096 --parts main --no-memory --no-plot \
+	--csv book/data/bench_attention_2threads.csv
+BENCH_ch10 := $(BENCH_PY)/bench_gpt.py
+BENCH_ch11 := $(BENCH_PY)/bench_token_cost.py && $(BENCH_PY)/bench_static.py \
+	&& $(BENCH_PY)/bench_speculative.py
+BENCH_ch12 := $(BENCH_PY)/bench_variants.py
+BENCH_ch13 := $(BENCH_PY)/bench_flash.py
 bench: $(STAMP)
-	$(BIN)/python tools/bench/bench_attention.py
-	$(BIN)/python tools/bench/bench_attention.py --threads 2 --sizes 4096 --parts main \
-	    --no-memory --no-plot --csv book/data/bench_attention_2threads.csv
-	$(BIN)/python tools/bench/bench_sentiment.py
-	$(BIN)/python tools/bench/bench_gpt.py
-	$(BIN)/python tools/bench/bench_token_cost.py
-	$(BIN)/python tools/bench/bench_static.py
-	$(BIN)/python tools/bench/bench_speculative.py
-	$(BIN)/python tools/bench/bench_variants.py
-	$(BIN)/python tools/bench/bench_flash.py
+	@test -z "$(filter-out $(BENCH_PARTS),$(PART))" || { \
+	  echo "make: unknown PART '$(filter-out $(BENCH_PARTS),$(PART))'; the parts: $(BENCH_PARTS)" >&2; exit 2; }
+	$(foreach part,$(or $(PART),$(BENCH_PARTS)),$(BENCH_$(part)) && ) true
 
 # Chapter 10's GPT, trained in full (G = 4 and G = 1): weights and log in book/data/.
 .PHONY: train-gpt

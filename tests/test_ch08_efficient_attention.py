@@ -494,6 +494,12 @@ def test_benchmark_script_runs_end_to_end(bench, ch08, tmp_path, capsys):
     for table in (ablation, tiles):
         assert (table["ratio_min"] <= table["ratio_median"]).all()
         assert (table["ratio_median"] <= table["ratio_max"]).all()
+    # tools/measure.py's record in every row of the three tables
+    record = {"median_ms_lo", "median_ms_hi", "load_before", "load_after"}
+    record |= {"busy", "cpu", "cores", "torch", "threads", "machine"}
+    for table in (df, ablation, tiles):
+        assert record <= set(table)
+    assert {"ratio_lo", "ratio_hi", "interval"} <= set(ablation)
     out = capsys.readouterr().out
     assert re.search(
         r"fast tiled \(ours\), causal / SDPA throughput \d+\.\d\d by median "
@@ -518,7 +524,7 @@ def test_benchmark_checks_variants_where_it_times_them(
     monkeypatch.setattr(
         parts,
         "time_variants",
-        lambda ch, T, *rest: lengths.append(("time", T)),
+        lambda ch, problem, part, *rest: lengths.append(("time", part.T)),
     )
     monkeypatch.setattr(parts, "write_csv", lambda rows, path: None)
     parts.run_variants(ch08, bench.parse_args(TINY), {})
@@ -550,8 +556,8 @@ def test_benchmark_measures_memory(bench, capsys):
     this in a fresh process; here it runs in the test's, so the matrix is
     made larger than any block the memory allocator keeps for reuse (32 MiB
     at most, glibc), and its pages are fresh."""
-    args = bench.parse_args(["--heads", "1", "--d", "8"])
-    bench.child_measure("PyTorch by hand", 4096, args)
+    problem = bench.parse_args(["--heads", "1", "--d", "8"]).problem
+    bench.child_measure("PyTorch by hand", 4096, problem)
     peak = json.loads(capsys.readouterr().out)["peak_extra_bytes"]
     assert 4096 * 4096 * 4 <= peak < 2**30
 
@@ -564,8 +570,8 @@ def broken_chapter(ch08, name, wrong):
 
 def test_benchmark_catches_a_wrong_program(bench, ch08):
     """The script refuses to time a program whose output is wrong."""
-    args = bench.parse_args(TINY)
-    bench.check_equal(ch08, 24, args)  # the real chapter passes
+    problem = bench.parse_args(TINY).problem
+    bench.check_equal(ch08, 24, problem)  # the real chapter passes
     broken = broken_chapter(
         ch08,
         "attention_numpy",
@@ -576,22 +582,24 @@ def test_benchmark_catches_a_wrong_program(bench, ch08):
     with pytest.raises(
         RuntimeError, match="NumPy differs from PyTorch by hand"
     ):
-        bench.check_equal(broken, 24, args)
+        bench.check_equal(broken, 24, problem)
 
 
 def test_benchmark_catches_a_wrong_variant(bench, ch08):
     """The ablation's and the sweep's variants are checked too, causal and
     not: a fast version that forgets the mask is refused."""
-    args = bench.parse_args(TINY)
-    variants = bench.ablation_variants(ch08) | bench.sweep_variants(args)
-    bench.check_variants(ch08, 24, args, variants)  # the real chapter passes
+    settings = bench.parse_args(TINY)
+    variants = bench.ablation_variants(ch08) | bench.sweep_variants(
+        settings.tiles
+    )
+    bench.check_variants(ch08, 24, settings.problem, variants)  # it passes
     broken = broken_chapter(
         ch08,
         "fast_attention",
         lambda q, k, v, causal=False, **kw: ch08.fast_attention(q, k, v, **kw),
     )
     with pytest.raises(RuntimeError, match=r"causal=True\) differs"):
-        bench.check_variants(broken, 24, args, variants)
+        bench.check_variants(broken, 24, settings.problem, variants)
 
 
 # ------------------------------------------------ the printed source, last

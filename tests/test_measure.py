@@ -1,9 +1,13 @@
 """tools/measure.py, the benchmarks' one measuring module, with a fake
 clock: no real timing, so the statistics are tested exactly."""
 
+import dataclasses
 import math
 import random
 import statistics
+import sys
+import types
+from pathlib import Path
 
 import measure  # tools/, on the path by tests/conftest.py
 import pytest
@@ -203,3 +207,103 @@ def test_row_joins_the_columns():
 def test_bad_input_raises_a_named_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_slow_program_leaves_the_rounds_after_its_budget():
+    """With max_seconds, a program stops once it has min_rounds calls and
+    that much wall time; the others go on to `rounds`, still in turn."""
+    m = FakeMachine(lambda name, rng: {"slow": 1.0, "fast": 0.01}[name], 0)
+    calls = {n: m.program(n) for n in ("slow", "fast")}
+    timing = measure.interleave(
+        calls,
+        15,
+        warmup=0,
+        wall_clock=lambda: m.now,
+        cpu_clock=lambda: m.cpu,
+        loadavg=lambda: 0.0,
+        cores=1,
+        max_seconds=3.0,
+        min_rounds=6,
+    )
+    assert len(timing.wall["slow"]) == 6  # 6 s > 3 s, but 6 calls first
+    assert len(timing.wall["fast"]) == 15  # 0.15 s: never the budget
+    assert timing.results == {}
+
+
+def test_interleave_keeps_the_last_results_when_asked():
+    values = iter(range(100))
+    timing = measure.interleave(
+        {"a": lambda: next(values), "b": lambda: "b"},
+        3,
+        warmup=1,
+        keep_results=True,
+        loadavg=lambda: 0.0,
+    )
+    assert timing.results == {"a": 3, "b": "b"}  # 0 is the warm-up's
+
+
+def test_median_columns_with_and_without_an_interval():
+    values = [
+        float(v) for v in (9, 1, 8, 2, 7, 3, 6, 4, 5, 10, 11, 12, 13, 14, 15)
+    ]
+    out = measure.median_columns("cpu_s", values, per=10)
+    assert out == {"cpu_s": 0.8, "cpu_s_lo": 0.4, "cpu_s_hi": 1.2}
+    few = measure.median_columns("wall_s", [3.0, 1.0, 2.0])
+    assert few["wall_s"] == 2.0
+    assert math.isnan(few["wall_s_lo"]) and math.isnan(few["wall_s_hi"])
+    with pytest.raises(ValueError, match="per must be positive"):
+        measure.median_columns("x", [1.0], per=0)
+
+
+def test_write_csv_replaces_or_appends_a_run(tmp_path, monkeypatch):
+    import pandas as pd
+
+    path = tmp_path / "sub" / "table.csv"
+    measure.write_csv([{"a": 1}], path)
+    measure.write_csv([{"a": 2}], path)
+    assert pd.read_csv(path).to_dict("list") == {"a": [2]}
+    monkeypatch.setenv("BENCH_RUN", "3")
+    measure.write_csv([{"a": 3}], path, run=measure.run_id())
+    measure.write_csv([{"a": 4}], path, run="4")
+    table = pd.read_csv(path)
+    assert table["a"].tolist() == [2, 3, 4]
+    assert table["run"].tolist()[1:] == [3, 4]
+    monkeypatch.setenv("BENCH_RUN", " ")
+    assert measure.run_id() is None
+
+
+def test_machine_names_the_processor_and_threads(monkeypatch):
+    fake_torch = types.SimpleNamespace(__version__="2.x")  # no torch import
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    out = measure.machine(2)
+    assert out["torch"] == "2.x"
+    assert out["threads"] == 2 and out["cores"] >= 1
+    assert out["machine"] == f"{out['cpu']}, {out['cores']} cores"
+    assert len(out["date"]) == 10 and out["date"][4] == "-"
+
+
+def test_ratio_columns_without_an_interval_below_six_rounds():
+    out = measure.ratio_columns([2.0, 4.0, 9.0], [1.0, 1.0, 1.0])
+    assert out["ratio_median"] == 4.0 and out["rounds"] == 3
+    assert math.isnan(out["ratio_lo"]) and math.isnan(out["ratio_hi"])
+    full = measure.ratio_columns([2.0] * 6, [1.0] * 6)
+    assert full == measure.paired_ratio([2.0] * 6, [1.0] * 6)
+
+
+def test_interval_only_keeps_the_bounds():
+    columns = measure.median_columns("cpu_s", [float(v) for v in range(1, 8)])
+    assert measure.interval_only(columns) == {"cpu_s_lo": 1.0, "cpu_s_hi": 7.0}
+
+
+def test_quick_or_full_reads_the_command_line(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        size: int = 512
+        csv: Path = Path("book/data/x.csv")
+
+    full, quick = Config(), Config(size=8)
+    assert measure.quick_or_full("d", full, quick, []) == full
+    out = measure.quick_or_full(
+        "d", full, quick, ["--quick", "--csv", "a.csv"]
+    )
+    assert out == Config(8, Path("a.csv"))

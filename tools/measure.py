@@ -31,7 +31,10 @@ told apart on this machine.
 The machine. `machine` describes the processor, cores, torch version and
 threads; `Timing` carries the one-minute load average before and after the
 timed rounds, and `BUSY_PER_CORE` flags a run that started on a loaded
-machine (load above 0.5 per core). `row` joins all of it into one CSV row.
+machine (load above 0.5 per core). `row` joins all of it into one CSV row;
+`median_columns` gives a time's median with its interval (empty below 6
+rounds), and `write_csv` replaces a table or, for an independent repeat
+(`make bench RUN=k`), appends its rows with the run's id in a `run` column.
 """
 
 import math
@@ -41,6 +44,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LEVEL = 0.95
 BUSY_PER_CORE = 0.5
@@ -61,14 +65,19 @@ def cpu_model():
 
 
 def machine(threads):
-    """The columns that describe the machine of a run."""
+    """The columns that describe the machine of a run, and its date."""
+    import datetime
+
     import torch  # imported here: the statistics need no torch
 
+    cpu, cores = cpu_model(), os.cpu_count()
     return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
+        "machine": f"{cpu}, {cores} cores",
+        "cpu": cpu,
+        "cores": cores,
         "torch": torch.__version__,
         "threads": threads,
+        "date": datetime.date.today().isoformat(),
     }
 
 
@@ -86,6 +95,7 @@ class Timing:
 
     wall: dict[str, list[float]] = field(default_factory=dict)
     cpu: dict[str, list[float]] = field(default_factory=dict)
+    results: dict[str, object] = field(default_factory=dict)
     load_before: float = 0.0
     load_after: float = 0.0
     cores: int = 1
@@ -104,11 +114,17 @@ def interleave(
     cpu_clock: Callable[[], float] = time.process_time,
     loadavg: Callable[[], float] = load_average,
     cores: int | None = None,
+    max_seconds: float | None = None,
+    min_rounds: int = 6,
+    keep_results: bool = False,
 ) -> Timing:
     """Time `calls` (name -> function of no argument) for `rounds` rounds,
     each program once per round in the order given, after `warmup` untimed
-    calls of each. The clocks and the load are arguments so that a test can
-    pass fake ones."""
+    calls of each. With `max_seconds`, a program leaves the rounds once it
+    has `min_rounds` calls and has spent `max_seconds` of wall time (slow
+    programs get fewer calls; the others go on, still in turn). With
+    `keep_results`, `Timing.results` holds each program's last result. The
+    clocks and the load are arguments so that a test can pass fake ones."""
     if not calls:
         raise ValueError("interleave: no program to time")
     if rounds < 1 or warmup < 0:
@@ -125,13 +141,23 @@ def interleave(
         load_before=loadavg(),
         cores=cores or os.cpu_count() or 1,
     )
-    for _ in range(rounds):
-        for name, call in calls.items():
+    active = list(calls)
+    while active:
+        for name in list(active):
             wall0, cpu0 = wall_clock(), cpu_clock()
-            call()
+            result = calls[name]()
             cpu1, wall1 = cpu_clock(), wall_clock()
             timing.wall[name].append(wall1 - wall0)
             timing.cpu[name].append(cpu1 - cpu0)
+            if keep_results:
+                timing.results[name] = result
+            n = len(timing.wall[name])
+            if n >= rounds or (
+                max_seconds is not None
+                and n >= min_rounds
+                and sum(timing.wall[name]) >= max_seconds
+            ):
+                active.remove(name)
     timing.load_after = loadavg()
     return timing
 
@@ -165,6 +191,26 @@ def median_interval(values, level=LEVEL):
     return statistics.median(values), values[low - 1], values[high - 1]
 
 
+def median_columns(name, values, per=1.0, level=LEVEL):
+    """{name: median, name_lo: low, name_hi: high} of values / per (per:
+    calls in one timed block); low and high are NaN below 6 values, where
+    no order-statistic interval exists."""
+    if per <= 0:
+        raise ValueError(f"median_columns: per must be positive, got {per}")
+    values = [v / per for v in values]
+    if len(values) >= 6:
+        median, low, high = median_interval(values, level)
+    else:
+        median, low, high = statistics.median(values), math.nan, math.nan
+    return {name: median, f"{name}_lo": low, f"{name}_hi": high}
+
+
+def interval_only(columns):
+    """The _lo and _hi columns of `median_columns` (for a row that writes
+    its medians rounded)."""
+    return {k: v for k, v in columns.items() if k.endswith(("_lo", "_hi"))}
+
+
 def paired_ratio(numerator, denominator, level=LEVEL):
     """The per-round ratios numerator_i / denominator_i of a paired sample
     (for instance SDPA's time over ours: above 1, ours is faster): a dict
@@ -184,6 +230,20 @@ def paired_ratio(numerator, denominator, level=LEVEL):
         "ratio_hi": high,
         "rounds": len(ratios),
         "interval": INTERVAL,
+    }
+
+
+def ratio_columns(numerator, denominator, level=LEVEL):
+    """`paired_ratio`'s columns; below 6 rounds (a quick run) the median
+    alone, its interval NaN."""
+    if len(numerator) >= 6:
+        return paired_ratio(numerator, denominator, level)
+    out = paired_ratio(numerator * 6, denominator * 6, level)
+    return out | {
+        "ratio_lo": math.nan,
+        "ratio_hi": math.nan,
+        "rounds": len(numerator),
+        "interval": "none: fewer than 6 rounds",
     }
 
 
@@ -282,3 +342,42 @@ def row(comparison, timing, machine_columns, **columns):
         }
         | machine_columns
     )
+
+
+def write_csv(rows, path, run=None, float_format="%.6g"):
+    """Write the rows (dicts) as the CSV table `path`, replacing it; with a
+    run id (`make bench RUN=k`: an independent repeat), add the column
+    `run` and append the rows to the table instead. Returns the table."""
+    import pandas as pd  # imported here: the statistics need no pandas
+
+    table = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if run is not None:
+        table["run"] = run
+        if path.exists():
+            table = pd.concat([pd.read_csv(path), table], ignore_index=True)
+    table.to_csv(path, index=False, float_format=float_format)
+    print(f"wrote {path}")
+    return table
+
+
+def quick_or_full(description, full, quick, argv=None):
+    """The config of a benchmark's run from its command line: `full`, or
+    with --quick the tiny `quick` (to prove the script runs); --csv PATH
+    replaces its `csv` (a frozen dataclass's field)."""
+    import argparse
+    import dataclasses
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--csv", type=Path, help=f"the table ({full.csv})")
+    args = parser.parse_args(argv)
+    config = quick if args.quick else full
+    return dataclasses.replace(config, csv=args.csv or config.csv)
+
+
+def run_id():
+    """The run id of an independent repeat: the environment's BENCH_RUN
+    (`make bench RUN=k`), or None (the table is replaced)."""
+    run = os.environ.get("BENCH_RUN", "").strip()
+    return run or None

@@ -13,9 +13,11 @@ Three parts (--parts), all with one sequence, 8 heads, d_k = 64, float32:
 
 One concern per file:
     bench_attention.py           this entry point (main)
-    bench_attention_args.py      the options, the clock, the thread count
+    bench_attention_args.py      the options as frozen settings per part,
+                                 the thread count
     bench_attention_programs.py  the chapter's programs, inputs and checks
-    bench_attention_timing.py    the timing loops (round robin, pairs)
+    bench_attention_timing.py    the timing (round robin, pairs), by
+                                 tools/measure.py
     bench_attention_memory.py    peak extra memory in a fresh process
     bench_attention_output.py    CSV tables, the figure, printed ratios
     bench_attention_parts.py     the parts main, ablation and tiles
@@ -45,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention_args
 from bench_attention_args import PARTS, set_threads
 from bench_attention_memory import child_measure, measure_memory
-from bench_attention_output import machine_info, plot_from_csv
+from bench_attention_output import machine_columns, plot_from_csv
 from bench_attention_parts import run_main, run_variants
 from bench_attention_programs import (
     NAIVE,
@@ -73,33 +75,34 @@ __all__ = [
 
 
 def parse_args(argv=None):
-    """The script's options (bench_attention_args.py)."""
+    """The script's options as frozen settings (bench_attention_args.py)."""
     description = __doc__.splitlines()[0]
     return bench_attention_args.parse_args(argv, description)
 
 
-def main(args):
+def main(settings):
     """Run the parts asked for (or, with --child, one memory measurement)."""
-    if args.child:
-        child_measure(args.child[0], int(args.child[1]), args)
+    if settings.child:
+        child_measure(*settings.child, settings.problem)
         return
-    if args.plot_only:
-        plot_from_csv(args.csv, args.png)
+    if settings.plot_only:
+        plot_from_csv(*settings.plot_only)
         return
     chapter = load_chapter()
-    info = machine_info(args)
+    clock = (settings.main or settings.ablation or settings.tiles).clock
+    info = machine_columns(settings.problem, clock)
     print(
         f"{info['machine']}; torch {info['torch']}, numpy {info['numpy']}, "
-        f"{args.threads} thread(s); OPENBLAS_CORETYPE="
+        f"{settings.problem.threads} thread(s); OPENBLAS_CORETYPE="
         f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}",
         flush=True,
     )
-    if "main" in args.parts:
-        run_main(chapter, args, info)
-    run_variants(chapter, args, info)
+    if settings.main:
+        run_main(chapter, settings.problem, settings.main, info)
+    run_variants(chapter, settings, info)
 
 
 if __name__ == "__main__":
-    ARGS = parse_args()
-    set_threads(ARGS.threads)
-    main(ARGS)
+    SETTINGS = parse_args()
+    set_threads(SETTINGS.problem.threads)
+    main(SETTINGS)

@@ -1,9 +1,10 @@
-"""The command line of tools/bench/bench_attention.py: its options, the clock they
-choose and the thread count they set."""
+"""The command line of tools/bench/bench_attention.py: its options, turned
+into one small frozen object per part (`Problem`, `MainPart`,
+`VariantPart`, joined in `Settings`), and the thread count they set."""
 
 import argparse
 import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,7 +45,13 @@ def add_problem(parser):
 
 def add_timing(parser):
     """How long and how often each program is called, and by which clock."""
-    parser.add_argument("--min-repeats", type=int, default=3)
+    parser.add_argument(
+        "--min-repeats",
+        type=int,
+        default=3,
+        help="calls of a program at least (below 6, its row has no 95 %% "
+        "interval of the median)",
+    )
     parser.add_argument("--max-repeats", type=int, default=15)
     parser.add_argument(
         "--max-seconds",
@@ -115,8 +122,99 @@ def add_outputs(parser):
     )  # internal: one memory measurement
 
 
+@dataclass(frozen=True)
+class Problem:
+    """The inputs (batch, heads, head size), the threads, the simple tiled
+    program's tiles and the largest T of the per-query loop."""
+
+    d: int = 64
+    heads: int = 8
+    batch: int = 1
+    threads: int = 1
+    loop_max: int = 1024
+    block_q: int = 128
+    block_k: int = 512
+
+
+@dataclass(frozen=True)
+class MainPart:
+    """Every program at every T: the calls per program, the clock, the
+    matmul ceiling's size, and the outputs."""
+
+    sizes: tuple[int, ...]
+    min_repeats: int
+    max_repeats: int
+    max_seconds: float
+    clock: str
+    matmul_size: int
+    memory: bool
+    plot: bool
+    csv: Path
+    png: Path
+
+
+@dataclass(frozen=True)
+class VariantPart:
+    """The ablation or the tile sweep at length T: pairs of calls (the fused
+    kernel, then the variant), the clock, the sweep's tiles, the table."""
+
+    T: int
+    pairs: int
+    clock: str
+    csv: Path
+    sweep_q: tuple[int, ...] = ()
+    sweep_k: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the script does: the parts asked for (None: not run), or one
+    memory measurement (child), or the figure from a table (plot_only)."""
+
+    problem: Problem
+    main: MainPart | None = None
+    ablation: VariantPart | None = None
+    tiles: VariantPart | None = None
+    child: tuple[str, int] | None = None
+    plot_only: tuple[Path, Path] | None = None  # (csv, png)
+
+
+def settings(args):
+    """The frozen settings of an argparse namespace."""
+    problem = Problem(
+        args.d, args.heads, args.batch, args.threads, args.loop_max,
+        args.block_q, args.block_k,
+    )  # fmt: skip
+    if args.child:
+        return Settings(problem, child=(args.child[0], int(args.child[1])))
+    if args.plot_only:
+        return Settings(problem, plot_only=(args.csv, args.png))
+    main = MainPart(
+        tuple(args.sizes), args.min_repeats, args.max_repeats,
+        args.max_seconds, args.clock, args.matmul_size, not args.no_memory,
+        not args.no_plot, args.csv, args.png,
+    )  # fmt: skip
+    T = max(args.sizes)  # the variants are timed at the largest length
+
+    def variants(csv, sweep=((), ())):
+        return VariantPart(T, args.pairs, args.clock, csv, *sweep)
+
+    sweep = (tuple(args.sweep_q), tuple(args.sweep_k))
+    return Settings(
+        problem,
+        main=main if "main" in args.parts else None,
+        ablation=variants(args.ablation_csv)
+        if "ablation" in args.parts
+        else None,
+        tiles=variants(args.tiles_csv, sweep)
+        if "tiles" in args.parts
+        else None,
+    )
+
+
 def parse_args(argv=None, description=None):
-    """The options, checked: --clock cpu measures one thread only."""
+    """The options, checked (--clock cpu measures one thread only), as
+    frozen `Settings`."""
     parser = argparse.ArgumentParser(description=description)
     for add in (add_problem, add_timing, add_parts, add_outputs):
         add(parser)
@@ -125,12 +223,7 @@ def parse_args(argv=None, description=None):
         parser.error("--plot-only draws the figure: drop --no-plot")
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: use --threads 1")
-    return args
-
-
-def clock(args):
-    """The function that reads the clock chosen by --clock."""
-    return time.thread_time if args.clock == "cpu" else time.perf_counter
+    return settings(args)
 
 
 def set_threads(n):

@@ -22,11 +22,11 @@ def proc_status_kib(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def child_measure(name, T, args):
+def child_measure(name, T, problem):
     """Run once in this fresh process; print the peak extra resident bytes."""
     chapter = load_chapter()
-    make_call(chapter, name, 16, args)()  # load code, warm up the libraries
-    call = make_call(chapter, name, T, args)  # inputs exist before baseline
+    make_call(chapter, name, 16, problem)()  # load code, warm up the libraries
+    call = make_call(chapter, name, T, problem)  # inputs exist before baseline
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to now
     before = proc_status_kib("VmRSS")
@@ -36,16 +36,16 @@ def child_measure(name, T, args):
     print(json.dumps({"peak_extra_bytes": (peak - before) * 1024}))
 
 
-def measure_memory(name, T, args):
+def measure_memory(name, T, problem):
     """Peak extra resident bytes of program `name` at length T, measured by
     the script itself (--child) in a fresh process."""
     options = {
-        "--d": args.d,
-        "--heads": args.heads,
-        "--batch": args.batch,
-        "--threads": args.threads,
-        "--block-q": args.block_q,
-        "--block-k": args.block_k,
+        "--d": problem.d,
+        "--heads": problem.heads,
+        "--batch": problem.batch,
+        "--threads": problem.threads,
+        "--block-q": problem.block_q,
+        "--block-k": problem.block_k,
     }
     cmd = [sys.executable, str(SCRIPT), "--child", name, str(T)]
     cmd += [str(x) for item in options.items() for x in item]

@@ -1,55 +1,30 @@
 """What tools/bench/bench_attention.py writes: the machine's description in every
-row, the CSV tables, the figure, and the closing ratios it prints."""
+row (tools/measure.py's), the CSV tables, the figure, and the closing ratios
+it prints."""
 
-import datetime
-import os
-import platform
-
+import measure
 import numpy as np
-import torch
 from bench_attention_programs import NAIVE, PROGRAMS, SDPA
 
 
-def cpu_model():
-    """The processor's model name from /proc/cpuinfo, or None."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(
-                line.split(":", 1)[1].strip()
-                for line in f
-                if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        return None
-
-
-def machine_info(args):
-    """The columns every row carries: machine, versions, options, date."""
-    model = cpu_model() or platform.processor() or platform.machine()
-    return {
-        "machine": f"{model}, {os.cpu_count()} cores",
-        "torch": torch.__version__,
+def machine_columns(problem, clock):
+    """The columns every row carries: the machine and the date
+    (tools/measure.py's record), numpy's version, the clock, the problem."""
+    return measure.machine(problem.threads) | {
         "numpy": np.__version__,
-        "threads": args.threads,
-        "clock": args.clock,
-        "date": datetime.date.today().isoformat(),
-        "d": args.d,
-        "heads": args.heads,
-        "batch": args.batch,
-        "block_q": args.block_q,
-        "block_k": args.block_k,
+        "clock": clock,
+        "d": problem.d,
+        "heads": problem.heads,
+        "batch": problem.batch,
+        "block_q": problem.block_q,
+        "block_k": problem.block_k,
     }
 
 
 def write_csv(rows, path):
-    """The rows as a CSV table (6 significant digits)."""
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False, float_format="%.6g")
-    print(f"wrote {path}")
-    return df
+    """The rows as a CSV table (6 significant digits); with a run id
+    (`make bench RUN=k`) appended to the table (tools/measure.py)."""
+    return measure.write_csv(rows, path, run=measure.run_id())
 
 
 def plot_programs(df, ax_speed, ax_mem):

@@ -56,31 +56,31 @@ def ablation_variants(chapter):
     return variants
 
 
-def sweep_variants(args):
-    """The fast program at every tile size of the sweep."""
+def sweep_variants(part):
+    """The fast program at every tile size of the sweep (a VariantPart)."""
     return {
         f"{B_r} x {B_c}": ("fast_attention", {"B_r": B_r, "B_c": B_c})
-        for B_r in args.sweep_q
-        for B_c in args.sweep_k
+        for B_r in part.sweep_q
+        for B_c in part.sweep_k
     }
 
 
-def make_inputs(T, args, seed=0):
+def make_inputs(T, problem, seed=0):
     """float32 Q, K, V of shape (B, H, T, d_k), as NumPy and as torch."""
     rng = np.random.default_rng(seed)
-    shape = (args.batch, args.heads, T, args.d)
+    shape = (problem.batch, problem.heads, T, problem.d)
     arrays = [rng.standard_normal(shape, dtype=np.float32) for _ in range(3)]
     return arrays, [torch.from_numpy(a) for a in arrays]
 
 
-def make_call(chapter, name, T, args):
+def make_call(chapter, name, T, problem):
     """A zero-argument function that runs program `name` at length T."""
     fn_name, lib, causal = PROGRAMS[name]
     fn = getattr(chapter, fn_name)
-    arrays, tensors = make_inputs(T, args)
+    arrays, tensors = make_inputs(T, problem)
     inputs = arrays if lib == "numpy" else tensors
     kwargs = (
-        {"B_r": args.block_q, "B_c": args.block_k}
+        {"B_r": problem.block_q, "B_c": problem.block_k}
         if fn_name == "tiled_attention"
         else {}
     )  # the fast program uses its own tiles (FAST_TILE)
@@ -93,23 +93,23 @@ def make_variant(chapter, fn_name, kwargs, causal, tensors):
     return lambda: fn(*tensors, causal=causal, **kwargs)
 
 
-def flops(T, args):
+def flops(T, problem):
     """4 T^2 d_k per head: the same count for every program."""
-    return 4 * T**2 * args.d * args.heads * args.batch
+    return 4 * T**2 * problem.d * problem.heads * problem.batch
 
 
-def check_equal(chapter, T, args):
+def check_equal(chapter, T, problem):
     """Every program gives the naive program's output (float32, atol 1e-4)."""
-    _, tensors = make_inputs(T, args)
+    _, tensors = make_inputs(T, problem)
     references = {
         causal: chapter.attention_torch(*tensors, causal=causal).numpy()
         for causal in (False, True)
     }
     for name in PROGRAMS:
-        if name == "loop (NumPy)" and T > args.loop_max:
+        if name == "loop (NumPy)" and T > problem.loop_max:
             continue
         reference = references[PROGRAMS[name][2]]
-        out = make_call(chapter, name, T, args)()
+        out = make_call(chapter, name, T, problem)()
         out = out.numpy() if isinstance(out, torch.Tensor) else out
         err = float(np.abs(out - reference).max())
         if not err <= 1e-4:
@@ -118,10 +118,10 @@ def check_equal(chapter, T, args):
             )
 
 
-def check_variants(chapter, T, args, variants):
+def check_variants(chapter, T, problem, variants):
     """Every variant (name -> (function, keywords)) gives the naive
     program's output, causal and not (float32, atol 1e-4)."""
-    _, tensors = make_inputs(T, args)
+    _, tensors = make_inputs(T, problem)
     for causal in (False, True):
         reference = chapter.attention_torch(*tensors, causal=causal)
         for name, (fn_name, kwargs) in variants.items():

@@ -2,38 +2,43 @@
 book/flash.py's tiled attention against PyTorch's fused kernel.
 
 Four parts (--parts); the first three in float32, one sequence, H = 8
-heads, d_k = 64, T = 4096:
+heads, d_k = 64, T = 4096 (sizes in Config; --quick: QUICK's):
 - speed: the forward (`fast_attention` against
   `F.scaled_dot_product_attention`, SDPA) and the forward plus backward
   (`flash_attention` and SDPA, each followed by `.backward`), without and
   with the causal mask, on one thread; the forward also on two threads.
-  PAIRS interleaved pairs (SDPA, then ours) give PAIRS ratios SDPA time /
-  our time: their median and quartiles -> book/data/bench_flash.csv.
-  The rows of the run before are kept with run = "previous", so that a
-  target is checked on two separate runs.
-- ablation: forward plus backward, one thread, without a mask, ABLATION_PAIRS
+  `pairs` interleaved pairs (SDPA, then ours) give that many ratios SDPA time /
+  our time: their median with its 95 % interval (tools/measure.py), and
+  their quartiles -> book/data/bench_flash.csv. The rows of the run before
+  are kept with run = "previous", so that a target is checked on two
+  separate runs; with BENCH_RUN=k (`make bench PART=ch13 RUN=k`) the rows
+  are appended with run = k instead.
+- ablation: forward plus backward, one thread, without a mask, `ablation_pairs`
   pairs: the backward with lse_i and Delta_i subtracted from each tile (inside
   off), both passes with exp in place of exp2 (base-2 off), and the tile
   sizes of TILES for both -> book/data/bench_flash_ablation.csv.
-- profile: one thread, without a mask, PROFILE_CALLS calls of each
+- profile: one thread, without a mask, `profile_calls` calls of each
   program (ours and SDPA, forward and forward plus backward): the self
   CPU time per call of each PyTorch operation of at least 0.5 ms
   (torch.profiler) -> book/data/bench_flash_profile.csv.
-- train: chapter 10's GPT (its MODEL, data and `gpt.train`), STEPS steps
+- train: chapter 10's GPT (its MODEL, data and `gpt.train`), `steps` steps
   from seed 0, with backend "flash" and with backend "sdpa", in float64 and
   in float32 -> the per-step losses in book/data/flash_train.csv.
 
 One thread is timed with the thread's CPU time (the machine may be shared),
-two threads with the wall clock. Fresh times are never asserted; the
-chapter reads the CSVs.
+two threads with the wall clock; every row carries tools/measure.py's record
+(machine, load before and after, busy flag). Fresh times are never
+asserted; the chapter reads the CSVs.
 Usage: python tools/bench/bench_flash.py [--parts speed ablation profile train]
+       python tools/bench/bench_flash.py --quick --out /tmp/dir  # tiny sizes
 """
 
 import argparse
-import datetime
+import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -42,38 +47,52 @@ import torch.nn.functional as F
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention_output import cpu_model
+import measure
 from chapter_loader import BOOK
 from stored_models import setup
 
 import flash  # book/flash.py
 import gpt  # book/gpt.py
 
-T, H, D_K = 4096, 8, 64
-PAIRS = 15
-ABLATION_PAIRS = 9
+H, D_K = 8, 64
 TILES = ([128, 128], [256, 256], [512, 256], [256, 512], [512, 512])
-STEPS = 200
-SPEED_CSV = BOOK / "data" / "bench_flash.csv"
-ABLATION_CSV = BOOK / "data" / "bench_flash_ablation.csv"
-TRAIN_CSV = BOOK / "data" / "flash_train.csv"
+# the tables, in Config.out (book/data/ unless --out)
+SPEED_CSV = "bench_flash.csv"
+ABLATION_CSV = "bench_flash_ablation.csv"
+PROFILE_CSV = "bench_flash_profile.csv"
+TRAIN_CSV = "flash_train.csv"
 
 
-def inputs(seed=0):
+@dataclass(frozen=True)
+class Config:
+    """The sizes of a run and the folder of its tables (--quick: tiny)."""
+
+    T: int = 4096
+    pairs: int = 15
+    ablation_pairs: int = 9
+    steps: int = 200
+    profile_calls: int = 5
+    out: Path = BOOK / "data"
+
+
+QUICK = Config(T=256, pairs=6, ablation_pairs=6, steps=2, profile_calls=1)
+
+
+def inputs(T, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(1, H, T, D_K, generator=gen) for _ in range(3)]
 
 
-def forward_call(attention, causal):
+def forward_call(attention, causal, T):
     """A call of attention(Q, K, V, causal) on fixed inputs, no gradient."""
-    q, k, v = inputs()
+    q, k, v = inputs(T)
     return lambda: attention(q, k, v, causal)
 
 
-def training_call(attention, causal):
+def training_call(attention, causal, T):
     """A call of the forward and the backward of attention(Q, K, V, causal)
     (for dC = 1) on fixed inputs that require gradients."""
-    q, k, v = (t.requires_grad_() for t in inputs())
+    q, k, v = (t.requires_grad_() for t in inputs(T))
 
     def call():
         for t in (q, k, v):
@@ -88,51 +107,49 @@ def sdpa(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def ratios(ours, theirs, pairs, clock):
-    """Times (s) of `pairs` interleaved calls: SDPA first, then ours."""
-    ours(), theirs()  # warm-up
-    t_ours, t_theirs = [], []
-    for _ in range(pairs):
-        for call, record in ((theirs, t_theirs), (ours, t_ours)):
-            start = clock()
-            call()
-            record.append(clock() - start)
-    return t_ours, t_theirs
+def pairs(ours, theirs, rounds, threads):
+    """Times (s) of `rounds` interleaved pairs, SDPA first, then ours, by
+    tools/measure.py: the thread's CPU time on one thread, else the wall
+    clock; (times of ours, times of SDPA, the Timing)."""
+    timing = measure.interleave(
+        {"sdpa": theirs, "ours": ours}, rounds, cpu_clock=time.thread_time
+    )
+    t = timing.cpu if threads == 1 else timing.wall
+    return t["ours"], t["sdpa"], timing
 
 
-def row(t_ours, t_theirs, **columns):
-    """The ratios SDPA time / our time, pair by pair: median, quartiles."""
+def row(t_ours, t_theirs, timing, threads, **columns):
+    """The ratios SDPA time / our time, pair by pair: median with its 95 %
+    interval, quartiles and range; each program's median time (ms) with
+    its interval; the machine and the load."""
     r = [b / a for a, b in zip(t_ours, t_theirs)]
     q1, _, q3 = statistics.quantiles(r, n=4, method="inclusive")
-    return columns | {
+    ms = {
+        f"{name}_median_ms": [x * 1e3 for x in t]
+        for name, t in (("ours", t_ours), ("sdpa", t_theirs))
+    }
+    spread = {
         "pairs": len(r),
-        "ratio_median": statistics.median(r),
+        **measure.ratio_columns(t_theirs, t_ours),
         "ratio_q1": q1,
         "ratio_q3": q3,
         "ratio_min": min(r),
         "ratio_max": max(r),
-        "ours_median_ms": statistics.median(t_ours) * 1e3,
-        "sdpa_median_ms": statistics.median(t_theirs) * 1e3,
     }
+    for name, values in ms.items():
+        spread |= measure.median_columns(name, values)
+    return measure.row(spread, timing, measure.machine(threads), **columns)
 
 
-def machine():
-    return {
-        "machine": cpu_model(),
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
-    }
-
-
-def speed():
-    """bench_flash.csv: this run ("latest") and the one before ("previous")."""
+def speed(cfg):
+    """bench_flash.csv: this run ("latest") and the one before ("previous"),
+    or, with a run id (RUN=k), this run appended as run k."""
     rows = []
     for threads, passes in (
         (1, ("forward", "forward+backward")),
         (2, ("forward",)),
     ):
         torch.set_num_threads(threads)
-        clock = time.thread_time if threads == 1 else time.perf_counter
         for causal in (False, True):
             for kind in passes:
                 make = forward_call if kind == "forward" else training_call
@@ -141,28 +158,29 @@ def speed():
                     if kind == "forward"
                     else flash.flash_attention
                 )
-                times = ratios(
-                    make(ours, causal), make(sdpa, causal), PAIRS, clock
+                times = pairs(
+                    make(ours, causal, cfg.T),
+                    make(sdpa, causal, cfg.T),
+                    cfg.pairs,
+                    threads,
                 )
                 rows.append(
-                    row(
-                        *times,
-                        threads=threads,
-                        passes=kind,
-                        causal=causal,
-                        T=T,
-                    )
-                    | machine()
+                    row(*times, threads, passes=kind, causal=causal, T=cfg.T)
                 )
                 print(rows[-1], flush=True)
+    path = cfg.out / SPEED_CSV
+    run = measure.run_id()
+    if run is not None:
+        measure.write_csv(rows, path, run=run)
+        return
     new = pd.DataFrame(rows).assign(run="latest")
-    if SPEED_CSV.exists():
-        old = pd.read_csv(SPEED_CSV)
+    if path.exists():
+        old = pd.read_csv(path)
         new = pd.concat([new, old[old.run == "latest"].assign(run="previous")])
-    new.to_csv(SPEED_CSV, index=False, float_format="%.6g")
+    measure.write_csv(new, path)
 
 
-def ablation():
+def ablation(cfg):
     """bench_flash_ablation.csv: what each change of the backward buys."""
     torch.set_num_threads(1)
     variants = {
@@ -177,13 +195,15 @@ def ablation():
         def ours(q, k, v, causal, settings=settings):
             return Ablated.apply(q, k, v, causal, settings)
 
-        times = ratios(
-            training_call(ours, False), training_call(sdpa, False),
-            ABLATION_PAIRS, time.thread_time,
-        )  # fmt: skip
-        rows.append(row(*times, variant=name, causal=False, T=T) | machine())
+        times = pairs(
+            training_call(ours, False, cfg.T),
+            training_call(sdpa, False, cfg.T),
+            cfg.ablation_pairs,
+            1,
+        )
+        rows.append(row(*times, 1, variant=name, causal=False, T=cfg.T))
         print(rows[-1], flush=True)
-    pd.DataFrame(rows).to_csv(ABLATION_CSV, index=False, float_format="%.6g")
+    measure.write_csv(rows, cfg.out / ABLATION_CSV, run=measure.run_id())
 
 
 class Ablated(torch.autograd.Function):
@@ -208,7 +228,7 @@ class Ablated(torch.autograd.Function):
         return *grads, None, None
 
 
-def train():
+def train(cfg):
     """flash_train.csv: the loss of every step, flash and sdpa, per dtype."""
     torch.set_num_threads(1)
     ch, chars, train_data, _ = setup()
@@ -217,19 +237,15 @@ def train():
         for backend in ("sdpa", "flash"):
             torch.manual_seed(0)
             model = gpt.GPT(len(chars), **ch.MODEL, backend=backend)
-            losses = gpt.train(model.to(dtype), train_data, STEPS)
+            losses = gpt.train(model.to(dtype), train_data, cfg.steps)
             name = f"{backend}_{str(dtype).removeprefix('torch.')}"
             columns[name] = losses
             print(name, losses[0], losses[-1], flush=True)
-    frame = pd.DataFrame({"step": range(1, STEPS + 1)} | columns)
-    frame.to_csv(TRAIN_CSV, index=False, float_format="%.17g")
+    frame = pd.DataFrame({"step": range(1, cfg.steps + 1)} | columns)
+    frame.to_csv(cfg.out / TRAIN_CSV, index=False, float_format="%.17g")
 
 
-PROFILE_CALLS = 5
-PROFILE_CSV = BOOK / "data" / "bench_flash_profile.csv"
-
-
-def profile():
+def profile(cfg):
     """bench_flash_profile.csv: where the time of each pass goes."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
@@ -240,29 +256,35 @@ def profile():
         "forward": (forward_call, flash.fast_attention),
         "forward+backward": (training_call, flash.flash_attention),
     }
+    calls = cfg.profile_calls
+    load = measure.Timing(
+        load_before=measure.load_average(), cores=os.cpu_count() or 1
+    )
     for kind, (make, ours) in programs.items():
         for name, call in (
-            ("ours", make(ours, False)),
-            ("SDPA", make(sdpa, False)),
+            ("ours", make(ours, False, cfg.T)),
+            ("SDPA", make(sdpa, False, cfg.T)),
         ):
             call()  # warm-up
             with profiler(activities=[ProfilerActivity.CPU]) as prof:
-                for _ in range(PROFILE_CALLS):
+                for _ in range(calls):
                     call()
             for event in prof.key_averages():
                 rows.append({
                     "passes": kind, "program": name, "operation": event.key,
                     "self_cpu_ms_per_call":
-                        event.self_cpu_time_total / 1e3 / PROFILE_CALLS,
-                    "calls_per_call": event.count / PROFILE_CALLS,
-                } | machine())  # fmt: skip
+                        event.self_cpu_time_total / 1e3 / calls,
+                    "calls_per_call": event.count / calls,
+                })  # fmt: skip
+    load.load_after = measure.load_average()
+    rows = [measure.row({}, load, measure.machine(1), **r) for r in rows]
     frame = pd.DataFrame(rows)
     frame = frame[
         frame.self_cpu_ms_per_call >= 0.5
     ]  # the operations that count
-    frame.sort_values(["passes", "program", "self_cpu_ms_per_call"],
-                      ascending=[True, True, False]).to_csv(
-        PROFILE_CSV, index=False, float_format="%.6g")  # fmt: skip
+    frame = frame.sort_values(["passes", "program", "self_cpu_ms_per_call"],
+                              ascending=[True, True, False])  # fmt: skip
+    measure.write_csv(frame, cfg.out / PROFILE_CSV, run=measure.run_id())
 
 
 PARTS = {
@@ -273,13 +295,25 @@ PARTS = {
 }
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--parts", nargs="+", choices=PARTS, default=list(PARTS)
     )
-    for part in parser.parse_args().parts:
-        PARTS[part]()
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"tiny sizes ({QUICK}) to prove the script runs; with --out",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="the tables' folder (default: book/data)"
+    )
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else Config()
+    if args.out:
+        cfg = replace(cfg, out=args.out)
+    for part in args.parts:
+        PARTS[part](cfg)
 
 
 if __name__ == "__main__":

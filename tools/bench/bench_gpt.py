@@ -6,25 +6,27 @@
   recorded too) -> book/data/bench_gpt_train.csv (weights not stored);
 - greedy generation with and without the KV cache from the stored weights
   (book/data/gpt_G4.pt), after a 16-character prompt, for 128, 256 and 512
-  new tokens; on one thread, the median of REPEATS runs, tokens per CPU
-  second (the machine may be shared) -> book/data/bench_gpt_generate.csv.
+  new tokens; on one thread, REPEATS interleaved rounds (every generator
+  once per round, tools/measure.py), the median with its interval (none
+  below 6 rounds), tokens per CPU second (the machine may be shared), and
+  the cache's speed-up (uncached / cached time, round by round) ->
+  book/data/bench_gpt_generate.csv.
 
-Fresh times are never asserted; chapter 10 asserts bounds on the stored ones. Usage:
-python tools/bench/bench_gpt.py [--no-train]
+Every row carries tools/measure.py's record of the machine and the load.
+Fresh times are never asserted; chapter 10 asserts bounds on the stored
+ones. Usage: python tools/bench/bench_gpt.py [--no-train] [--quick --out DIR]
 """
 
 import argparse
-import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import measure
 from chapter_loader import BOOK  # puts book/ on the path
 from stored_models import load_gpt, setup
 
@@ -36,65 +38,80 @@ PROMPT = 16
 REPEATS = 3
 
 
-def timed(fn):
-    """(wall seconds, CPU seconds) of one call of fn."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def bench_training(ch, chars, train_data):
+def bench_training(ch, chars, train_data, steps, out):
+    """One full training (one run: no interval), CPU and wall seconds."""
     torch.set_num_threads(1)
     threads = torch.get_num_threads()
-    wall, cpu = timed(lambda: train_one(ch, chars, train_data, 4, STEPS))
-    print(f"training, {STEPS} steps: {wall:.1f} s wall, {cpu:.1f} s CPU")
-    row = {
-        "steps": STEPS,
-        "threads": threads,
-        "wall_s": round(wall, 1),
-        "cpu_s": round(cpu, 1),
-    }
-    pd.DataFrame([row]).to_csv(
-        BOOK / "data" / "bench_gpt_train.csv", index=False
+    timing = measure.interleave(
+        {"train": lambda: train_one(ch, chars, train_data, 4, steps)},
+        1,
+        warmup=0,
     )
+    wall, cpu = timing.wall["train"][0], timing.cpu["train"][0]
+    print(f"training, {steps} steps: {wall:.1f} s wall, {cpu:.1f} s CPU")
+    row = measure.row(
+        {},
+        timing,
+        measure.machine(threads),
+        steps=steps,
+        threads=threads,
+        wall_s=round(wall, 1),
+        cpu_s=round(cpu, 1),
+    )
+    measure.write_csv([row], out / "bench_gpt_train.csv", run=measure.run_id())
 
 
-def generation_rows(ch, chars, val_data):
+def generation_rows(ch, chars, val_data, new_tokens=NEW_TOKENS):
     """Greedy generation with and without the cache, one row per length and
-    generator: median CPU and wall seconds of REPEATS runs, on one thread
-    (also chapter 11's measurement, tools/bench/bench_token_cost.py)."""
+    generator: median CPU and wall seconds (with their intervals) of
+    REPEATS interleaved rounds on one thread, and in the cached rows the
+    cache's speed-up, uncached / cached CPU time round by round (also
+    chapter 11's measurement, tools/bench/bench_token_cost.py)."""
     torch.set_num_threads(1)
     model = load_gpt(ch, len(chars), ch.WEIGHTS[4])
     prompt = val_data[:PROMPT]
-    assert PROMPT + max(NEW_TOKENS) <= model.context
+    assert PROMPT + max(new_tokens) <= model.context
+    calls = {
+        (n, cached): partial(ch.generate, model, prompt, n, cached=cached)
+        for n in new_tokens
+        for cached in (True, False)
+    }
+    timing = measure.interleave(calls, REPEATS, warmup=0)
+    machine = measure.machine(torch.get_num_threads())
     rows = []
-    for n in NEW_TOKENS:
-        for cached in (True, False):
-            runs = [
-                timed(partial(ch.generate, model, prompt, n, cached=cached))
-                for _ in range(REPEATS)
-            ]
-            wall = statistics.median(r[0] for r in runs)
-            cpu = statistics.median(r[1] for r in runs)
-            print(
-                f"{n} tokens, cached={cached}: {cpu:.3f} s CPU, "
-                f"{wall:.3f} s wall"
+    for n, cached in calls:
+        cpu = measure.median_columns("cpu_s", timing.cpu[n, cached])
+        wall = measure.median_columns("wall_s", timing.wall[n, cached])
+        print(
+            f"{n} tokens, cached={cached}: {cpu['cpu_s']:.3f} s CPU, "
+            f"{wall['wall_s']:.3f} s wall"
+        )
+        speedup = (
+            measure.ratio_columns(timing.cpu[n, False], timing.cpu[n, True])
+            if cached
+            else {}
+        )
+        rows.append(
+            measure.row(
+                speedup,
+                timing,
+                machine,
+                new_tokens=n,
+                cached=cached,
+                cpu_s=round(cpu["cpu_s"], 4),
+                wall_s=round(wall["wall_s"], 4),
+                tokens_per_s=round(n / cpu["cpu_s"], 1),
+                **measure.interval_only(cpu | wall),
             )
-            rows.append(
-                {
-                    "new_tokens": n,
-                    "cached": cached,
-                    "cpu_s": round(cpu, 4),
-                    "wall_s": round(wall, 4),
-                    "tokens_per_s": round(n / cpu, 1),
-                }
-            )
+        )
     return rows
 
 
-def bench_generation(ch, chars, val_data):
-    pd.DataFrame(generation_rows(ch, chars, val_data)).to_csv(
-        BOOK / "data" / "bench_gpt_generate.csv", index=False
+def bench_generation(ch, chars, val_data, new_tokens, out):
+    measure.write_csv(
+        generation_rows(ch, chars, val_data, new_tokens),
+        out / "bench_gpt_generate.csv",
+        run=measure.run_id(),
     )
 
 
@@ -103,11 +120,20 @@ def main():
     parser.add_argument(
         "--no-train", action="store_true", help="skip the training time"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 training steps, 8 and 16 new tokens (proves the script runs)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=BOOK / "data", help="the tables' folder"
+    )
     args = parser.parse_args()
     ch, chars, train_data, val_data = setup()
+    steps, new_tokens = (2, (8, 16)) if args.quick else (STEPS, NEW_TOKENS)
     if not args.no_train:
-        bench_training(ch, chars, train_data)
-    bench_generation(ch, chars, val_data)
+        bench_training(ch, chars, train_data, steps, args.out)
+    bench_generation(ch, chars, val_data, new_tokens, args.out)
 
 
 if __name__ == "__main__":

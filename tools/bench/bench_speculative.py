@@ -1,21 +1,27 @@
 """Chapter 11's speculative-decoding measurements (`make bench`), float32,
-one thread, the median of REPEATS runs, CPU and wall seconds:
+one thread, timed by tools/measure.py in REPEATS interleaved rounds, the
+median CPU and wall seconds with their 95 % intervals (none below 6
+rounds):
 
 - greedy decoding of NEW_TOKENS tokens after chapter 10's 16-character
   validation prompt by chapter 10's GPT (book/data/gpt_G4.pt): plain cached
   (k = 0) and speculative with the one-layer draft (book/data/gpt_draft.pt)
-  for k = 2, 4, 8, with the proposals made and accepted;
+  for k = 2, 4, 8, with the proposals made and accepted, and each one's
+  speed-up over plain decoding (its CPU time / the speculative one's,
+  round by round: ratio_median, ratio_lo, ratio_hi);
 - the cost of one cached call at a cache of CALL_AT tokens: the main model
-  and the draft fed 1 token, the main model fed k + 1 (a verification).
+  and the draft fed 1 token, the main model fed k + 1 (a verification),
+  each timed as a block of CALLS calls.
 
--> book/data/bench_speculative.csv (one row per measurement, a `machine`
-column). Fresh times are never asserted; chapter 11 asserts bounds on the
-stored ones. Usage: python tools/bench/bench_speculative.py
+-> book/data/bench_speculative.csv (one row per measurement, with the
+machine and the load). Fresh times are never asserted; chapter 11 asserts
+bounds on the stored ones.
+Usage: python tools/bench/bench_speculative.py [--quick --csv PATH]
 """
 
-import statistics
+import argparse
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +29,7 @@ import torch
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention_output import cpu_model
+import measure
 from chapter_loader import BOOK  # puts book/ on the path
 from stored_models import load_gpt, setup
 
@@ -40,88 +46,123 @@ REPEATS = 3
 CALL_AT, CALLS = 256, 200
 
 
-def timed(fn):
-    """(result, wall seconds, CPU seconds) of one call of fn."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = fn()
-    return result, time.perf_counter() - wall, time.process_time() - cpu
-
-
-def median_run(fn):
-    """(result, median wall, median CPU seconds) of REPEATS calls."""
-    runs = [timed(fn) for _ in range(REPEATS)]
-    wall = statistics.median(r[1] for r in runs)
-    cpu = statistics.median(r[2] for r in runs)
-    return runs[0][0], wall, cpu
-
-
 @torch.no_grad()
-def call_cost(model, tokens, T):
-    """Median (wall, CPU) seconds of one cached call of T tokens after
-    CALL_AT cached ones, over REPEATS blocks of CALLS calls."""
+def call_block(model, tokens, T, calls):
+    """A block of `calls` cached calls of T tokens after CALL_AT cached
+    ones (the cache cropped back after each)."""
     caches = model.new_caches()
     model(tokens[None, :CALL_AT], caches)
     fed = tokens[None, CALL_AT : CALL_AT + T]
 
     def block():
-        for _ in range(CALLS):
+        for _ in range(calls):
             model(fed, caches)
             for cache in caches:
                 cache.crop(CALL_AT)
 
-    _, wall, cpu = median_run(block)
-    return wall / CALLS, cpu / CALLS
+    return block
 
 
-def main():
+def time_columns(timing, name, per=1):
+    """The median CPU and wall seconds of `name` (per call of a block of
+    `per`), with their intervals."""
+    return measure.median_columns(
+        "cpu_s", timing.cpu[name], per
+    ) | measure.median_columns("wall_s", timing.wall[name], per)
+
+
+def decoding_rows(model, draft, prompt, new_tokens, machine):
+    """Plain greedy decoding and speculative decoding for every k of KS,
+    in REPEATS interleaved rounds."""
+    calls = {0: lambda: gpt.greedy(model, prompt, new_tokens)}
+    for k in KS:
+        calls[k] = partial(
+            spec.speculative, model, draft, prompt, new_tokens, k
+        )
+    with torch.no_grad():
+        timing = measure.interleave(calls, REPEATS, keep_results=True)
+    plain, _ = timing.results[0]
+    rows = [
+        measure.row(
+            {},
+            timing,
+            machine,
+            kind="greedy",
+            k=0,
+            new_tokens=new_tokens,
+            proposed=0,
+            accepted=0,
+            **time_columns(timing, 0),
+        )
+    ]
+    for k in KS:
+        tokens, proposed, accepted = timing.results[k]
+        speedup = measure.ratio_columns(timing.cpu[0], timing.cpu[k])
+        rows.append(
+            measure.row(
+                speedup,
+                timing,
+                machine,
+                kind="speculative",
+                k=k,
+                new_tokens=new_tokens,
+                proposed=proposed,
+                accepted=accepted,
+                same_text=bool(torch.equal(tokens, plain)),
+                **time_columns(timing, k),
+            )
+        )
+    return rows
+
+
+def call_rows(model, draft, tokens, calls, machine):
+    """The cost of one cached call: the main model and the draft fed one
+    token, the main model fed k + 1, in REPEATS interleaved rounds."""
+    programs = {("main call", 1): model, ("draft call", 1): draft}
+    programs |= {("main call", k + 1): model for k in KS}
+    blocks = {
+        key: call_block(m, tokens, key[1], calls)
+        for key, m in programs.items()
+    }
+    timing = measure.interleave(blocks, REPEATS)
+    return [
+        measure.row(
+            {},
+            timing,
+            machine,
+            kind=name,
+            k=T - 1 if T > 1 else 0,
+            tokens_fed=T,
+            **time_columns(timing, (name, T), per=calls),
+        )
+        for name, T in blocks
+    ]
+
+
+def main(new_tokens, calls, csv):
     torch.set_num_threads(1)
+    machine = measure.machine(1)
     ch, chars, _, val_data = setup()
     model = load_gpt(ch, len(chars), ch.WEIGHTS[4])
     draft = load_gpt(ch, len(chars), "data/gpt_draft.pt", layers=LAYERS)
     prompt = val_data[:PROMPT]
-    machine = f"{cpu_model()}, {torch.get_num_threads()} thread"
-    rows = []
-
-    def row(kind, k, wall, cpu, **extra):
-        rows.append(
-            {"kind": kind, "k": k, **extra, "cpu_s": cpu, "wall_s": wall}
-        )
-        print(rows[-1])
-
-    with torch.no_grad():
-        (plain, _), wall, cpu = median_run(
-            lambda: gpt.greedy(model, prompt, NEW_TOKENS)
-        )
-    row("greedy", 0, wall, cpu, new_tokens=NEW_TOKENS, proposed=0, accepted=0)
-    for k in KS:
-        (tokens, proposed, accepted), wall, cpu = median_run(
-            lambda k=k: spec.speculative(model, draft, prompt, NEW_TOKENS, k)
-        )
-        same = bool(torch.equal(tokens, plain))
-        row(
-            "speculative",
-            k,
-            wall,
-            cpu,
-            new_tokens=NEW_TOKENS,
-            proposed=proposed,
-            accepted=accepted,
-            same_text=same,
-        )
-    tokens = torch.cat([val_data[: CALL_AT + max(KS) + 1]])
-    for name, m, T in [("main call", model, 1), ("draft call", draft, 1)] + [
-        ("main call", model, k + 1) for k in KS
-    ]:
-        wall, cpu = call_cost(m, tokens, T)
-        row(name, T - 1 if T > 1 else 0, wall, cpu, tokens_fed=T)
+    rows = decoding_rows(model, draft, prompt, new_tokens, machine)
+    tokens = val_data[: CALL_AT + max(KS) + 1]
+    rows += call_rows(model, draft, tokens, calls, machine)
     table = pd.DataFrame(rows)
     table["tokens_per_cpu_s"] = table.new_tokens / table.cpu_s
-    table["threads"] = torch.get_num_threads()
-    table["machine"] = machine
-    path = BOOK / "data" / "bench_speculative.csv"
-    table.to_csv(path, index=False, float_format="%.6g")
-    print(f"wrote {path}")
+    for row in rows:
+        print(row)
+    measure.write_csv(table, csv, run=measure.run_id())
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="20 new tokens, blocks of 2 calls"
+    )
+    parser.add_argument(
+        "--csv", type=Path, default=BOOK / "data" / "bench_speculative.csv"
+    )
+    args = parser.parse_args()
+    main(*((20, 2) if args.quick else (NEW_TOKENS, CALLS)), args.csv)

@@ -10,38 +10,51 @@
 - batched greedy decoding (`greedy_batch`, every lever on) of B prompts of
   8 to 39 characters, BATCH_NEW new tokens each, B in BATCHES.
 
-One thread; the median of REPEATS runs (the cached configurations in
-rounds, each round running every one once, so that a drift of the machine
-hits them all alike); CPU seconds (the machine may be
+One thread; timed by tools/measure.py: the median of REPEATS runs (the
+cached configurations in rounds, each round running every one once, so
+that a drift of the machine hits them all alike; the batches too), with
+its 95 % interval (none below 6 runs); CPU seconds (the machine may be
 shared) and wall seconds; tokens per CPU second (B x new tokens for a
-batch). Every row names the machine. -> book/data/bench_static.csv.
-Fresh times are never asserted; chapter 11 asserts bounds on the stored
-ones. Usage: python tools/bench/bench_static.py
+batch); for each lever, its speed-up over the row before (that row's CPU
+time / this one's, round by round: ratio_median, ratio_lo, ratio_hi,
+ratio_to). Every row carries the machine and the load.
+-> book/data/bench_static.csv. Fresh times are never asserted; chapter 11
+asserts bounds on the stored ones.
+Usage: python tools/bench/bench_static.py [--quick --out DIR]
 """
 
-import statistics
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention_output import cpu_model
-from bench_gpt import timed
+import measure
 from chapter_loader import BOOK
 from stored_models import load_gpt, setup
 
 import gpt  # book/gpt.py
 
 PROMPT = 16
-NEW_TOKENS = (512, 2048)
-UNCACHED = ((512, 3), (1024, 1))  # (new tokens, runs): 2,048 is too slow
-REPEATS = 5
-BATCHES = (1, 4, 16, 64)
-BATCH_NEW = 256
+
+
+@dataclass(frozen=True)
+class Config:
+    """The sizes of a run (--quick: QUICK's) and the table it writes."""
+
+    new_tokens: tuple[int, ...] = (512, 2048)
+    # (new tokens, runs) without a cache: 2,048 is too slow
+    uncached: tuple[tuple[int, int], ...] = ((512, 3), (1024, 1))
+    repeats: int = 5
+    batches: tuple[int, ...] = (1, 4, 16, 64)
+    batch_new: int = 256
+    csv: Path = BOOK / "data" / "bench_static.csv"
+
+
+QUICK = Config((16, 32), ((16, 1),), 6, (1, 2), 8)
 # name: (caches or Decoder options, inference_mode); each adds one lever
 CONFIGS = {
     "growing cache": ("growing", False),
@@ -73,59 +86,89 @@ def decode(model, prompt, n, how, inference):
         return gpt.greedy(model, prompt, n, how)
 
 
-def median_times(fn, runs):
-    results = [timed(fn) for _ in range(runs)]
-    return (
-        statistics.median(r[0] for r in results),
-        statistics.median(r[1] for r in results),
-    )
+def rows_of(timing, B, n, machine, reference=None):
+    """One row per program of `timing`: medians with their intervals and,
+    for a lever, its speed-up over the program before it (`reference`
+    maps a name to that program's name)."""
+    rows = []
+    for config, cpu_times in timing.cpu.items():
+        cpu = measure.median_columns("cpu_s", cpu_times)
+        wall = measure.median_columns("wall_s", timing.wall[config])
+        before = (reference or {}).get(config)
+        lever = {}
+        if before is not None:
+            lever = measure.ratio_columns(timing.cpu[before], cpu_times)
+            lever["ratio_to"] = before
+        print(
+            f"{config}, B = {B}, {n} tokens: {cpu['cpu_s']:.3f} s CPU, "
+            f"{wall['wall_s']:.3f} s wall"
+        )
+        rows.append(
+            measure.row(
+                lever,
+                timing,
+                machine,
+                config=config,
+                B=B,
+                new_tokens=n,
+                runs=len(cpu_times),
+                cpu_s=round(cpu["cpu_s"], 4),
+                wall_s=round(wall["wall_s"], 4),
+                tokens_per_s=round(B * n / cpu["cpu_s"], 1),
+                threads=torch.get_num_threads(),
+                **measure.interval_only(cpu | wall),
+            )
+        )
+    return rows
 
 
-def row(config, B, n, runs, wall, cpu):
-    print(f"{config}, B = {B}, {n} tokens: {cpu:.3f} s CPU, {wall:.3f} s wall")
-    return {
-        "config": config,
-        "B": B,
-        "new_tokens": n,
-        "runs": runs,
-        "cpu_s": round(cpu, 4),
-        "wall_s": round(wall, 4),
-        "tokens_per_s": round(B * n / cpu, 1),
-        "threads": torch.get_num_threads(),
-        "machine": f"{cpu_model()}, torch {torch.__version__}",
-    }
-
-
-def main():
-    torch.set_num_threads(1)
-    ch, chars, _, val_data = setup()
-    model = load_gpt(ch, len(chars), ch.WEIGHTS[4], context=4096)
-    prompt, rows = val_data[:PROMPT], []
-    for n, runs in UNCACHED:
-        fn = partial(decode, model, prompt, n, None, False)
-        rows.append(row("no cache", 1, n, runs, *median_times(fn, runs)))
-    for n in NEW_TOKENS:  # rounds of every config, so drift hits them all
-        runs = {config: [] for config in CONFIGS}
-        for _ in range(REPEATS):
-            for config, (how, inference) in CONFIGS.items():
-                fn = partial(decode, model, prompt, n, how, inference)
-                runs[config].append(timed(fn))
-        for config, results in runs.items():
-            wall = statistics.median(r[0] for r in results)
-            cpu = statistics.median(r[1] for r in results)
-            rows.append(row(config, 1, n, REPEATS, wall, cpu))
-    decoder = gpt.Decoder(model, 64 + BATCH_NEW)
-    for B in BATCHES:
+def batch_rows(model, val_data, cfg, machine):
+    """Batched greedy decoding, every B in turn in each round."""
+    decoder = gpt.Decoder(model, 64 + cfg.batch_new)
+    calls = {}
+    for B in cfg.batches:
         starts = [1000 + 97 * b for b in range(B)]
         prompts = [
             val_data[s : s + 8 + (7 * b) % 32] for b, s in enumerate(starts)
         ]
-        fn = partial(gpt.greedy_batch, decoder, prompts, BATCH_NEW)
-        with torch.inference_mode():
-            times = median_times(fn, REPEATS)
-        rows.append(row("batch", B, BATCH_NEW, REPEATS, *times))
-    pd.DataFrame(rows).to_csv(BOOK / "data" / "bench_static.csv", index=False)
+        calls[B] = partial(gpt.greedy_batch, decoder, prompts, cfg.batch_new)
+    with torch.inference_mode():
+        timing = measure.interleave(calls, cfg.repeats, warmup=0)
+    rows = []
+    for B in cfg.batches:
+        one = measure.Timing(
+            {"batch": timing.wall[B]},
+            {"batch": timing.cpu[B]},
+            load_before=timing.load_before,
+            load_after=timing.load_after,
+            cores=timing.cores,
+        )
+        rows += rows_of(one, B, cfg.batch_new, machine)
+    return rows
+
+
+def main(cfg):
+    torch.set_num_threads(1)
+    machine = measure.machine(1)
+    ch, chars, _, val_data = setup()
+    model = load_gpt(ch, len(chars), ch.WEIGHTS[4], context=4096)
+    prompt, rows = val_data[:PROMPT], []
+    for n, runs in cfg.uncached:
+        fn = partial(decode, model, prompt, n, None, False)
+        timing = measure.interleave({"no cache": fn}, runs, warmup=0)
+        rows += rows_of(timing, 1, n, machine)
+    names = list(CONFIGS)
+    reference = dict(zip(names[1:], names[:-1]))  # each lever: the row before
+    for n in cfg.new_tokens:  # rounds of every config, so drift hits them all
+        calls = {
+            config: partial(decode, model, prompt, n, how, inference)
+            for config, (how, inference) in CONFIGS.items()
+        }
+        timing = measure.interleave(calls, cfg.repeats, warmup=0)
+        rows += rows_of(timing, 1, n, machine, reference)
+    rows += batch_rows(model, val_data, cfg, machine)
+    measure.write_csv(rows, cfg.csv, run=measure.run_id(), float_format=None)
 
 
 if __name__ == "__main__":
-    main()
+    main(measure.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))

@@ -34,11 +34,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from xml.etree import ElementTree
 
 HERE = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(HERE / "tools"))  # the shared modules
+import measure  # noqa: E402
 
 
 def cpu_seconds():
@@ -47,20 +48,36 @@ def cpu_seconds():
 
 
 def timed(command, cwd, env=None, quiet=True):
-    """Run a shell command; return (wall s, CPU s, return code, output)."""
-    start, cpu = time.perf_counter(), cpu_seconds()
-    result = subprocess.run(
-        command,
-        shell=True,
-        cwd=cwd,
-        env=env,
-        executable="/bin/bash",
-        capture_output=quiet,
-        text=True,
+    """Run a shell command, timed by tools/measure.py (one call; the CPU
+    clock: every process it started); return (wall s, CPU s, return code,
+    output)."""
+
+    def call():
+        return subprocess.run(
+            command,
+            shell=True,
+            cwd=cwd,
+            env=env,
+            executable="/bin/bash",
+            capture_output=quiet,
+            text=True,
+        )
+
+    timing = measure.interleave(
+        {command: call},
+        1,
+        warmup=0,
+        cpu_clock=cpu_seconds,
+        keep_results=True,
     )
-    wall = time.perf_counter() - start
+    result = timing.results[command]
     output = (result.stdout or "") + (result.stderr or "") if quiet else ""
-    return wall, cpu_seconds() - cpu, result.returncode, output
+    return (
+        timing.wall[command][0],
+        timing.cpu[command][0],
+        result.returncode,
+        output,
+    )
 
 
 def make_commands(root, target, *variables):
@@ -125,7 +142,11 @@ def install(root, folder):
 
 def run(args):
     root = Path(args.root).resolve() if args.root else HERE
-    results = {"machine": machine(), "stages": {}, "scopes": {}}
+    results = {
+        "machine": machine_line(args.jobs or default_jobs()),
+        "stages": {},
+        "scopes": {},
+    }
     stages = results["stages"]
 
     def record(name, wall, cpu, code):
@@ -187,16 +208,10 @@ def default_jobs():
     return min(n, 4)
 
 
-def machine():
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+def machine_line(threads):
+    """The machine (tools/measure.py's record) and its load now."""
+    m = measure.machine(threads)
+    return f"{m['machine']}, torch {m['torch']}, load {measure.load_average():.1f}"
 
 
 def table(results, earlier=None):

@@ -1,8 +1,9 @@
 """Chapter 11's measurements (`make bench`), all in one run on one machine,
-on one thread, in CPU seconds (medians: REPEATS runs for prefill and decode,
-bench_gpt.REPEATS for generation, matmul_ceiling's own count for the
-matmul row; the CSV records each; wall seconds are recorded too, since the
-machine may be shared):
+on one thread, in CPU seconds, timed by tools/measure.py (medians with
+their 95 % intervals: REPEATS interleaved rounds of a block of `calls`
+calls for prefill, decode and the operations, bench_gpt.REPEATS for
+generation, matmul_ceiling's own count for the matmul row; the CSV records
+each; wall seconds are recorded too, since the machine may be shared):
 
 - prefill: chapter 10's stored GPT (book/gpt.py's class, chapter 11's
   sizes MODEL, weights book/data/gpt_G4.pt) called on T tokens, T in
@@ -24,17 +25,16 @@ machine may be shared):
 
 FLOPs and bytes of each step come from chapter 11's equation ch11-cost
 (its function `cost`). One row per measurement, each with the machine's
-name -> book/data/bench_token_cost.csv. Its columns T and n are equation
+name and the load -> book/data/bench_token_cost.csv. Its columns T and n are equation
 ch11-cost's T and n in the prefill and decode rows; in the generation rows
 they hold the prompt's length and the tokens generated (chapter 11's P and
 N), in the matmul row T holds MATMUL. Fresh times are never asserted; chapter 11
-asserts bounds on the stored ones. Usage: python tools/bench/bench_token_cost.py
+asserts bounds on the stored ones.
+Usage: python tools/bench/bench_token_cost.py [--quick --csv PATH]
 """
 
-import platform
-import statistics
 import sys
-import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -44,38 +44,58 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_gpt
-from bench_attention import parse_args
-from bench_attention_output import cpu_model
+import measure
 from bench_attention_timing import matmul_ceiling
 from chapter_loader import BOOK, load_chapter  # puts book/ on the path
 from stored_models import setup
 
 import gpt  # book/gpt.py
 
-PREFILL_T = (16, 64, 128, 512)
-DECODE_N = (16, 128, 512)
 REPLAY_N = 128
-BANDWIDTH_MIB = 256
-MATMUL = 2048  # as tools/bench/bench_attention.py's ceiling
 REPEATS = 5
-CSV = BOOK / "data" / "bench_token_cost.csv"
+MACHINE = measure.machine(1)
 
 
-def timed(fn, calls):
-    """Median (CPU, wall) seconds per call of fn, over REPEATS runs of
-    `calls` calls each."""
-    fn()  # warm-up
-    runs = []
-    for _ in range(REPEATS):
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(calls):
-            fn()
-        cpu = (time.process_time() - cpu) / calls
-        runs.append((cpu, (time.perf_counter() - wall) / calls))
-    return (
-        statistics.median(r[0] for r in runs),
-        statistics.median(r[1] for r in runs),
+@dataclass(frozen=True)
+class Config:
+    """The sizes of a run (--quick: QUICK's) and its table."""
+
+    prefill_t: tuple[int, ...] = (16, 64, 128, 512)
+    decode_n: tuple[int, ...] = (16, 128, 512)
+    bandwidth_mib: int = 256
+    matmul: int = 2048  # as tools/bench/bench_attention.py's ceiling
+    calls: int = 200  # per block: decode, decode operations
+    small_calls: int = 20_000  # per block: the small operation
+    new_tokens: tuple[int, ...] = bench_gpt.NEW_TOKENS
+    prefill_calls: int | None = None  # per block; None: max(5, 2000 // T)
+    csv: Path = BOOK / "data" / "bench_token_cost.csv"
+
+
+QUICK = Config((16,), (16,), 1, 64, 2, 20, (8,), prefill_calls=2)
+
+
+def blocks(programs):
+    """Time programs {key: (fn, calls)}: each a block of `calls` calls of
+    fn, the blocks in REPEATS interleaved rounds after one untimed block
+    each; key -> the per-call median CPU and wall seconds with their
+    intervals, and the Timing."""
+
+    def block(fn, calls):
+        def run():
+            for _ in range(calls):
+                fn()
+
+        return run
+
+    timing = measure.interleave(
+        {key: block(*p) for key, p in programs.items()}, REPEATS
     )
+    return {
+        key: measure.median_columns("cpu_s", timing.cpu[key], calls)
+        | measure.median_columns("wall_s", timing.wall[key], calls)
+        | {"calls": calls}
+        for key, (_, calls) in programs.items()
+    }, timing
 
 
 def decode_step(model, n):
@@ -93,46 +113,51 @@ def decode_step(model, n):
     return step
 
 
-def row(measurement, cpu, wall, calls, T=None, n=None, ops=None, **more):
-    return {
-        "measurement": measurement,
-        "T": T,
-        "n": n,
-        "ops": ops,
-        "cpu_s": cpu,
-        "wall_s": wall,
-        "calls": calls,
-        "repeats": REPEATS,
+def row(measurement, times, timing, T=None, n=None, ops=None, **more):
+    """One row: the measurement, its sizes, its times (cpu_s, wall_s with
+    their intervals, calls), the rounds, the machine and the load."""
+    return measure.row(
+        {},
+        timing,
+        MACHINE,
+        measurement=measurement,
+        T=T,
+        n=n,
+        ops=ops,
+        **times,
+        repeats=REPEATS,
         **more,
-    }
+    )
 
 
-def bench_steps(ch11, model):
+def bench_steps(ch11, model, cfg):
     dims = ch11.sizes(model)
+    prefill = {
+        T: (
+            partial(model, torch.arange(T)[None] % dims["vocab"]),
+            cfg.prefill_calls or max(5, 2000 // T),
+        )
+        for T in cfg.prefill_t
+    }
+    times, timing = blocks(prefill)
     rows = []
-    for T in PREFILL_T:
-        x = torch.arange(T)[None] % dims["vocab"]
-        calls = max(5, 2000 // T)
-        cpu, wall = timed(partial(model, x), calls)
+    for T in cfg.prefill_t:
         flops, read = ch11.cost(T, 0, **dims)
         rows.append(
-            row("prefill", cpu, wall, calls, T=T, n=0, flops=flops, bytes=read)
+            row("prefill", times[T], timing, T=T, n=0, flops=flops, bytes=read)
         )
-    for n in DECODE_N:
-        calls = 200
-        cpu, wall = timed(decode_step(model, n), calls)
+    decode = {n: (decode_step(model, n), cfg.calls) for n in cfg.decode_n}
+    times, timing = blocks(decode)
+    for n in cfg.decode_n:
         flops, read = ch11.cost(1, n, **dims)
         rows.append(
-            row("decode", cpu, wall, calls, T=1, n=n, flops=flops, bytes=read)
+            row("decode", times[n], timing, T=1, n=n, flops=flops, bytes=read)
         )
     return rows
 
 
-def bench_operations(ch11, model):
+def bench_operations(ch11, model, cfg):
     a, b = torch.randn(1, 1, 64), torch.randn(1, 1, 64)
-    calls = 20_000
-    cpu, wall = timed(lambda: a + b, calls)
-    rows = [row("small operation", cpu, wall, calls, ops=1)]
     step = decode_step(model, REPLAY_N)
     with ch11.OpLog() as log:
         step()
@@ -142,76 +167,78 @@ def bench_operations(ch11, model):
         for op, args, kwargs in recorded:
             op(*args, **kwargs)
 
-    calls = 200
-    cpu, wall = timed(replay, calls)
     ops = len(recorded)
-    rows.append(
-        row(
-            "decode operations",
-            cpu / ops,
-            wall / ops,
-            calls,
-            T=1,
-            n=REPLAY_N,
-            ops=ops,
-        )
+    times, timing = blocks(
+        {
+            "small": (lambda: a + b, cfg.small_calls),
+            "replay": (replay, cfg.calls),
+        }
     )
-    return rows
-
-
-def bench_bandwidth():
-    x = torch.ones(BANDWIDTH_MIB * 2**20 // 4)  # float32
-    calls = 5
-    cpu, wall = timed(x.sum, calls)
-    return [row("read bandwidth", cpu, wall, calls, bytes=x.nbytes)]
-
-
-def bench_matmul():
-    """Chapter 8's compute roof, by tools/bench/bench_attention_timing.py's function."""
-    args = parse_args(["--matmul-size", str(MATMUL), "--clock", "cpu"])
-    gflops, median, repeats = matmul_ceiling(args)
-    flops = 2 * MATMUL**3
-    assert abs(flops / median / 1e9 - gflops) < 1e-9 * gflops
+    per_op = times["replay"] | {
+        key: value / ops
+        for key, value in times["replay"].items()
+        if key.startswith(("cpu_s", "wall_s"))
+    }
     return [
-        row("matmul ceiling", median, None, 1, T=MATMUL, flops=flops)
-        | {"repeats": repeats}
+        row("small operation", times["small"], timing, ops=1),
+        row("decode operations", per_op, timing, T=1, n=REPLAY_N, ops=ops),
     ]
 
 
-def bench_generation():
+def bench_bandwidth(cfg):
+    x = torch.ones(cfg.bandwidth_mib * 2**20 // 4)  # float32
+    times, timing = blocks({"sum": (x.sum, 5)})
+    return [row("read bandwidth", times["sum"], timing, bytes=x.nbytes)]
+
+
+def bench_matmul(cfg):
+    """Chapter 8's compute roof, by tools/bench/bench_attention_timing.py's
+    function, on the thread's CPU clock."""
+    gflops, t, timing = matmul_ceiling(cfg.matmul, clock="cpu")
+    times = measure.median_columns("cpu_s", t) | {"calls": 1}
+    flops = 2 * cfg.matmul**3
+    assert abs(flops / times["cpu_s"] / 1e9 - gflops) < 1e-9 * gflops
+    return [
+        row("matmul ceiling", times, timing, T=cfg.matmul, flops=flops)
+        | {"repeats": len(t)}
+    ]
+
+
+def bench_generation(cfg):
     """Chapter 10's generators, by tools/bench/bench_gpt.py's function."""
     ch10, chars, _, val_data = setup()
     rows = []
-    for r in bench_gpt.generation_rows(ch10, chars, val_data):
-        name = "generate, " + ("cached" if r["cached"] else "uncached")
+    for r in bench_gpt.generation_rows(ch10, chars, val_data, cfg.new_tokens):
+        name = "generate, " + ("cached" if r.pop("cached") else "uncached")
+        n = r.pop("new_tokens")
+        del r["tokens_per_s"]
         rows.append(
-            row(name, r["cpu_s"], r["wall_s"], 1, T=bench_gpt.PROMPT)
-            | {"n": r["new_tokens"], "repeats": bench_gpt.REPEATS}
+            {"measurement": name, "T": bench_gpt.PROMPT, "n": n}
+            | r
+            | {"calls": 1, "repeats": bench_gpt.REPEATS}
         )
     return rows
 
 
-def main():
+def main(cfg):
     torch.set_num_threads(1)
     ch11 = load_chapter("11_token_cost.ipynb")
     state = torch.load(BOOK / "data" / "gpt_G4.pt")
     model = gpt.GPT(state["embed.weight"].shape[0], **ch11.MODEL).eval()
     model.load_state_dict(state)
     with torch.no_grad():
-        rows = bench_steps(ch11, model) + bench_operations(ch11, model)
-    rows += bench_bandwidth() + bench_matmul() + bench_generation()
+        rows = bench_steps(ch11, model, cfg)
+        rows += bench_operations(ch11, model, cfg)
+    rows += bench_bandwidth(cfg) + bench_matmul(cfg) + bench_generation(cfg)
     table = pd.DataFrame(rows)
     table["gflop_per_s"] = table.flops / table.cpu_s / 1e9
     table["gb_per_s"] = table.bytes / table.cpu_s / 1e9
-    table["threads"] = torch.get_num_threads()
-    model_name = cpu_model() or platform.processor() or platform.machine()
-    table["machine"] = f"{model_name}, {__import__('os').cpu_count()} cores"
-    table["torch"] = torch.__version__
     for column in ("T", "n", "ops", "flops", "bytes"):
         table[column] = table[column].astype("Int64")
-    table.to_csv(CSV, index=False, float_format="%.6g")
-    print(table.drop(columns=["machine", "torch"]).to_string(index=False))
+    measure.write_csv(table, cfg.csv, run=measure.run_id())
+    shown = ["measurement", "T", "n", "ops", "cpu_s", "cpu_s_lo", "cpu_s_hi"]
+    print(table[shown].to_string(index=False))
 
 
 if __name__ == "__main__":
-    main()
+    main(measure.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))

@@ -8,24 +8,25 @@ absorbed (the same weights, `absorbed=True`: the keys and values never
 rebuilt), the hybrid, the sparse model and CLA.
 
 One thread; tokens per CPU second (the machine may be shared); REPEATS
-rounds, each round decoding with every model once, so that a drift of the
-machine hits them all alike; the median of the rounds and each round's
-value -> book/data/bench_variants.csv. Fresh times are never asserted.
-Usage: python tools/bench/bench_variants.py
+rounds (tools/measure.py's `interleave`), each round decoding with every
+model once, so that a drift of the machine hits them all alike; the median
+of the rounds with its 95 % interval (none below 6 rounds), each round's
+value, and each model's speed against MHA (MHA's CPU time / the model's,
+round by round: ratio_median, ratio_lo, ratio_hi), with the machine and the
+load -> book/data/bench_variants.csv. Fresh times are never asserted.
+Usage: python tools/bench/bench_variants.py [--quick --csv PATH]
 """
 
-import statistics
+import argparse
 import sys
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention_output import cpu_model
-from bench_gpt import timed
+import measure
 from chapter_loader import BOOK
 from stored_models import load_gpt, setup
 
@@ -65,38 +66,48 @@ def load(ch, vocab, name):
     return model.eval()
 
 
-def decode(model, prompt):
+def decode(model, prompt, new_tokens):
     with torch.no_grad():
-        return gpt.greedy(model, prompt, NEW_TOKENS)
+        return gpt.greedy(model, prompt, new_tokens)
 
 
-def main():
+def main(new_tokens, csv):
     torch.set_num_threads(1)
     ch, chars, _, val_data = setup()
     models = {name: load(ch, len(chars), name) for name in MODELS}
     prompt = val_data[:PROMPT]
-    rates = {name: [] for name in MODELS}
-    for r in range(REPEATS):  # rounds: every model once per round
-        for name, model in models.items():
-            _, cpu = timed(partial(decode, model, prompt))
-            rates[name].append(NEW_TOKENS / cpu)
-            print(f"round {r + 1}, {name}: {NEW_TOKENS / cpu:.0f} tokens/s")
-    machine = f"{cpu_model()}, torch {torch.__version__}"
-    rows = [
-        {
-            "name": name,
-            "new_tokens": NEW_TOKENS,
-            "tokens_per_cpu_s": round(statistics.median(values), 1),
-            **{f"round{i + 1}": round(v, 1) for i, v in enumerate(values)},
-            "threads": torch.get_num_threads(),
-            "machine": machine,
-        }
-        for name, values in rates.items()
-    ]
-    pd.DataFrame(rows).to_csv(
-        BOOK / "data" / "bench_variants.csv", index=False
-    )
+    calls = {  # rounds: every model once per round
+        name: partial(decode, model, prompt, new_tokens)
+        for name, model in models.items()
+    }
+    timing = measure.interleave(calls, REPEATS, warmup=0)
+    machine = measure.machine(torch.get_num_threads())
+    rows = []
+    for name, cpu in timing.cpu.items():
+        rates = [new_tokens / t for t in cpu]
+        print(f"{name}: " + ", ".join(f"{r:.0f}" for r in rates) + " tokens/s")
+        median = measure.median_columns("tokens_per_cpu_s", rates)
+        versus_mha = measure.ratio_columns(timing.cpu["mha"], cpu)
+        rows.append(
+            measure.row(
+                versus_mha | {"ratio_to": "mha"},
+                timing,
+                machine,
+                name=name,
+                new_tokens=new_tokens,
+                tokens_per_cpu_s=round(median["tokens_per_cpu_s"], 1),
+                **{f"round{i + 1}": round(v, 1) for i, v in enumerate(rates)},
+                **measure.interval_only(median),
+            )
+        )
+    measure.write_csv(rows, csv, run=measure.run_id(), float_format=None)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 new tokens")
+    parser.add_argument(
+        "--csv", type=Path, default=BOOK / "data" / "bench_variants.csv"
+    )
+    args = parser.parse_args()
+    main(16 if args.quick else NEW_TOKENS, args.csv)
