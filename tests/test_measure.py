@@ -307,3 +307,14 @@ def test_quick_or_full_reads_the_command_line(tmp_path):
         "d", full, quick, ["--quick", "--csv", "a.csv"]
     )
     assert out == Config(8, Path("a.csv"))
+
+
+def test_stopwatch_counts_wall_and_cpu_seconds_of_its_block(monkeypatch):
+    """A training is timed once: the wall and CPU seconds between entering
+    and leaving the block, each from its own clock."""
+    wall, cpu = iter([10.0, 12.5]), iter([3.0, 4.25])
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(measure.time, "process_time", lambda: next(cpu))
+    with measure.Stopwatch() as clock:
+        pass
+    assert (clock.wall, clock.cpu) == (2.5, 1.25)

@@ -81,6 +81,22 @@ def machine(threads):
     }
 
 
+class Stopwatch:
+    """Wall and CPU seconds of one block of code that runs once (a
+    training), not in rounds: ``with Stopwatch() as clock: ...``, then
+    ``clock.wall`` and ``clock.cpu`` (the process's CPU time, all its
+    threads; `time.process_time`)."""
+
+    def __enter__(self):
+        self.wall, self.cpu = -time.perf_counter(), -time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall += time.perf_counter()
+        self.cpu += time.process_time()
+        return False
+
+
 def load_average():
     """The one-minute load average (0.0 where the system has none)."""
     try:

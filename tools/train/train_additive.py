@@ -30,7 +30,6 @@ Usage: python tools/train/train_additive.py [--steps N] [--checkpoint STEP] [--o
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +38,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chapter_loader import BOOK, load_chapter
+from measure import Stopwatch
 
 CHAPTER = "09_additive_attention.ipynb"
 MODELS = {"attention": True, "baseline": False}  # name -> attend
@@ -121,9 +121,9 @@ def main(argv=None):
                 torch.save(model.state_dict(), stored[step])
 
         model = ch.new_model(attend=attend)
-        cpu, wall = time.process_time(), time.perf_counter()
-        losses = ch.train(model, train_data, **recipe, on_step=keep)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        with Stopwatch() as clock:
+            losses = ch.train(model, train_data, **recipe, on_step=keep)
+        cpu, wall = clock.cpu, clock.wall
         stored[steps] = args.out / weights_file(name)
         torch.save(model.state_dict(), stored[steps])
         extra = {

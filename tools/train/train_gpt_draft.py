@@ -10,7 +10,6 @@ Usage: python tools/train/train_gpt_draft.py [--steps N]
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +18,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chapter_loader import BOOK  # puts book/ on the path
+from measure import Stopwatch
 from stored_models import setup
 from train_gpt import STEPS
 
@@ -34,11 +34,11 @@ def main():
     torch.set_num_threads(1)
     ch, chars, train_data, val_data = setup()
     x_val, y_val = ch.validation_slice(val_data)
-    wall, cpu = time.perf_counter(), time.process_time()
-    torch.manual_seed(0)
-    model = gpt.GPT(len(chars), **{**ch.MODEL, "layers": LAYERS})
-    losses = gpt.train(model, train_data, args.steps)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    with Stopwatch() as clock:
+        torch.manual_seed(0)
+        model = gpt.GPT(len(chars), **{**ch.MODEL, "layers": LAYERS})
+        losses = gpt.train(model, train_data, args.steps)
+    wall, cpu = clock.wall, clock.cpu
     val = gpt.validation_loss(model, x_val, y_val)
     print(
         f"draft ({LAYERS} layer): train loss {losses[-1]:.3f}, validation "

@@ -14,7 +14,6 @@ Usage: python tools/train/train_positions.py [--steps N]
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +22,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chapter_loader import BOOK, load_chapter
+from measure import Stopwatch
 
 STEPS = 800  # the default of the chapter's train
 
@@ -33,12 +33,9 @@ def train_all(ch, steps=STEPS):
     models, losses, seconds = {}, {}, {}
     for scheme in ch.SCHEMES:
         model = ch.new_model(scheme)
-        wall, cpu = time.perf_counter(), time.process_time()
-        losses[scheme] = ch.train(model, steps=steps)
-        seconds[scheme] = (
-            time.perf_counter() - wall,
-            time.process_time() - cpu,
-        )
+        with Stopwatch() as clock:
+            losses[scheme] = ch.train(model, steps=steps)
+        seconds[scheme] = (clock.wall, clock.cpu)
         models[scheme] = model
     return models, losses, seconds
 

@@ -21,7 +21,6 @@ Usage: python tools/train/train_sentiment.py
 """
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from threadpoolctl import threadpool_limits
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chapter_loader import BOOK, load_chapter
+from measure import Stopwatch
 
 WEIGHTS = BOOK / "data" / "sentiment_params.npz"
 LOG = BOOK / "data" / "sentiment_train_log.csv"
@@ -102,9 +102,9 @@ def main():
         for name, fn, train_data, test_data in runs(
             ch, dataset, params0, held_out
         ):
-            wall, cpu = time.perf_counter(), time.process_time()
-            params, record = fn()
-            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            with Stopwatch() as clock:
+                params, record = fn()
+            cpu, wall = clock.cpu, clock.wall
             if not isinstance(record, dict):  # train and train_torch: losses
                 record = {"loss": record}
             for epoch, kept in record.get("kept", {}).items():

@@ -55,7 +55,6 @@ Usage: python tools/train/train_seq2seq.py [--steps N] [--only POSITIONS ...]
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +63,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chapter_loader import BOOK, load_chapter  # puts book/ on the path
+from measure import Stopwatch
 
 import seq2seq  # book/seq2seq.py
 
@@ -282,9 +282,9 @@ def main(argv=None):
     rows = []
     for positions in [] if args.evaluate_only else args.only:
         model = new_model(ch, positions)
-        cpu, wall = time.process_time(), time.perf_counter()
-        losses = ch.train(model, train_data, **recipe)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        with Stopwatch() as clock:
+            losses = ch.train(model, train_data, **recipe)
+        cpu, wall = clock.cpu, clock.wall
         torch.save(
             model.state_dict(), args.out / "seq2seq" / f"{positions}.pt"
         )
