@@ -6,7 +6,10 @@
 - `load_model` and `results_at` on stored models give the rows of the table
   `make train-seq2seq` stored (tools/train/train_seq2seq.py, `by_length`);
 - `same_output`: no positions, a shuffled source changes no token; rotary, a
-  reversed one does.
+  reversed one does;
+- `breakdown`, `looks_at` and `writes` (the attention and token readouts)
+  against loops; `alibi_right` against the table's errors; `other_rise`
+  against Newcombe's interval built from scipy's Wilson intervals.
 """
 
 import json
