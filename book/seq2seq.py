@@ -25,10 +25,11 @@ states), here as scaled dot-product attention with heads. New here:
   `cache_bytes`: the bytes each cache holds;
 - `load_torch_weights`: copy the weights of PyTorch's `nn.Transformer`
   (or one of its layers or stacks) into the modules here, for the tests;
-- `mirror_weight`, `error_kinds`, `first_wrong`, `error_breakdown` and
-  `largest_weight_position`: chapter 14's probes of the trained models
-  (the weight on the mirrored digit; right, unreversed and other answers;
-  where an answer first goes wrong; where cross-attention looks).
+- `mirror_weight`, `error_kinds`, `first_wrong`, `error_breakdown`,
+  `largest_weight_position` and `copies_source`: chapter 14's probes of
+  the trained models (the weight on the mirrored digit; right, unreversed
+  and other answers; where an answer first goes wrong; where
+  cross-attention looks; which source digit an output digit copies).
 
 Every public function raises a ValueError that names the problem on bad
 input (an empty source or key sequence, mixed dtypes, mismatched shapes or
@@ -41,6 +42,7 @@ lengths (B,): position j of row b is real if j < lengths[b].
 """
 
 import math
+import numbers
 from statistics import NormalDist
 
 import torch
@@ -77,6 +79,8 @@ def alibi_slopes(H, dtype=torch.float64):
     """
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"H must be a positive integer, got {H!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a float type, got {dtype!r}")
 
     def power_of_two(n):
         start = 2.0 ** (-8.0 / n)
@@ -108,8 +112,8 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
             )
     if len(pos_k) == 0 and len(pos_q) > 0:
         raise ValueError("an empty key sequence: the queries have no key")
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a float type, got {dtype}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a float type, got {dtype!r}")
     distance = (pos_q[:, None] - pos_k[None, :]).abs().to(dtype)  # (T_q, T_k)
     return -alibi_slopes(H, dtype)[:, None, None] * distance
 
@@ -792,8 +796,8 @@ def wilson_interval(k, n, level=0.95):
     (an accuracy over n held-out strings), at the given level."""
     if not (is_count(n) and is_count(k, minimum=0)) or k > n:
         raise ValueError(f"need counts 0 <= k <= n and n >= 1, got {k=}, {n=}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    if not (isinstance(level, numbers.Real) and 0 < level < 1):
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     z = NormalDist().inv_cdf((1 + level) / 2)
     p, z2 = k / n, z * z / n
     centre = (p + z2 / 2) / (1 + z2)
@@ -823,6 +827,37 @@ def largest_weight_position(weights, lengths):
     real = torch.arange(S) < lengths[:, None]  # (B, S)
     real = real.view(len(real), *[1] * (weights.dim() - 2), S)
     return weights.masked_fill(~real, float("-inf")).argmax(dim=-1) + 1
+
+
+def copies_source(pred, src, lengths, shift=0):
+    """Whether output digit t (from 1) of each string of n digits is its
+    source digit n + 1 - t - shift (from 1): the mirror, the digit a
+    reversal copies, for shift = 0; the digit left of it, the mirror in a
+    string of n - 1 digits, for shift = 1. pred (B, steps) and src (B, S)
+    are token ids, steps and S >= max(lengths); returns (B, m) booleans for
+    m = max(lengths), False for t > n and where that source position lies
+    outside 1 ... n. A written digit equal to two source digits copies
+    both."""
+    check_lengths(lengths)
+    m = int(lengths.max()) if len(lengths) else 0
+    for name, t in (("pred", pred), ("src", src)):
+        if not is_integer_tensor(t) or t.dim() != 2 or len(t) != len(lengths):
+            raise ValueError(
+                f"{name} must be a (B, steps) tensor of token ids with one "
+                f"row per length ({len(lengths)}), got {describe(t)}"
+            )
+        if t.shape[1] < m:
+            raise ValueError(
+                f"{name} has {t.shape[1]} columns, fewer than {m} digits"
+            )
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise ValueError(f"shift must be an integer, got {shift!r}")
+    t = torch.arange(1, m + 1)  # (m,): output digits
+    n = lengths[:, None]  # (B, 1)
+    position = n + 1 - t - shift  # (B, m): the source digit, from 1
+    inside = (t <= n) & (position >= 1) & (position <= n)
+    digit = src.gather(1, (position - 1).clamp(0, max(m - 1, 0)))
+    return inside & (pred[:, :m] == digit)
 
 
 # --- input checks ----------------------------------------------------------------

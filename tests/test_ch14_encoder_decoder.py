@@ -6,7 +6,10 @@
 - `load_model` and `results_at` on stored models give the rows of the table
   `make train-seq2seq` stored (tools/train/train_seq2seq.py, `by_length`);
 - `same_output`: no positions, a shuffled source changes no token; rotary, a
-  reversed one does.
+  reversed one does;
+- `breakdown`, `looks_at` and `writes` (the attention and token readouts)
+  against loops; `alibi_right` against the table's errors; `other_rise`
+  against Newcombe's interval built from scipy's Wilson intervals.
 """
 
 import json
@@ -199,3 +202,61 @@ def test_looks_at_against_loops(ch14):
         want_left.append(top.count(n - t))
     assert (on_mirror, on_left) == (want_mirror, want_left)
     assert min(want_mirror + want_left) > 0
+
+
+def test_writes_against_loops(ch14):
+    """`writes` counts, at each output digit asked for, the strings whose
+    written digit is the source digit n + 1 - t and n - t (from 1)."""
+    gen = torch.Generator().manual_seed(7)
+    n, B = 6, 60
+    src = torch.randint(3, 7, (B, n), generator=gen)  # repeated digits
+    pred = torch.randint(3, 7, (B, n + 1), generator=gen)
+    got = ch14.writes(pred, src, n, [1, 2, 3, 6])
+    want_mirror, want_left = [], []
+    for t in (1, 2, 3, 6):
+        want_mirror.append(
+            sum(pred[b, t - 1] == src[b, n - t] for b in range(B))
+        )
+        want_left.append(
+            sum(
+                t < n and pred[b, t - 1] == src[b, n - t - 1] for b in range(B)
+            )
+        )
+    assert got == (want_mirror, want_left)
+    assert want_left[-1] == 0 and min(want_mirror + want_left[:-1]) > 0
+
+
+def test_alibi_right_and_interval(ch14, stored, monkeypatch):
+    """`alibi_right` gives the stored table's right answers (its strings
+    less its errors) and strings; `interval` prints 3 decimals."""
+    monkeypatch.setattr(ch14, "table", stored, raising=False)
+    for n in (6, 11, 20):
+        k, m = ch14.alibi_right(n)
+        row = stored.loc["alibi", n]
+        assert (k, m) == (row.strings - row.errors, row.strings)
+    assert ch14.alibi_right(11) == (51, 200)
+    assert ch14.interval((0.0704, 0.23651)) == "[0.070, 0.237]"
+
+
+def test_other_rise_against_newcombe(ch14, monkeypatch):
+    """`other_rise(a, b)`: Newcombe's interval (method 10, from scipy's
+    Wilson intervals) of the share of other answers at b digits minus that
+    at a digits."""
+    from scipy.stats import binomtest
+
+    kinds = pd.DataFrame({"other": {6: 27, 10: 94}})
+    strings = {6: 243, 10: 249}
+    monkeypatch.setattr(ch14, "alibi_kinds", kinds, raising=False)
+    monkeypatch.setattr(ch14, "targets", lambda n: [0] * strings[n])
+    p = {n: kinds.other[n] / strings[n] for n in strings}
+    ci = {
+        n: binomtest(int(kinds.other[n]), strings[n]).proportion_ci(
+            0.95, method="wilson"
+        )
+        for n in strings
+    }
+    d = p[10] - p[6]
+    low = d - ((p[10] - ci[10].low) ** 2 + (ci[6].high - p[6]) ** 2) ** 0.5
+    high = d + ((ci[10].high - p[10]) ** 2 + (p[6] - ci[6].low) ** 2) ** 0.5
+    assert ch14.other_rise(6, 10) == pytest.approx((low, high), abs=1e-12)
+    assert low > 0

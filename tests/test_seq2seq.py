@@ -97,6 +97,7 @@ def test_alibi_bias_bad_input():
     raises("integer positions", alibi_bias, 4, [0, 1], pos)
     raises("empty key sequence", alibi_bias, 4, pos, pos[:0])
     raises("float type", alibi_bias, 4, pos, pos, torch.long)
+    raises("float type", alibi_bias, 4, pos, pos, "float64")  # not a dtype
     assert alibi_bias(4, pos[:0], pos).shape == (4, 0, 3)  # no query
 
 
@@ -371,8 +372,9 @@ def test_intervals_bad_input():
     for k, n in [(3, 2), (-1, 5), (1, 0), (1.0, 5), (True, 5)]:
         raises("need counts", seq2seq.wilson_interval, k, n)
         raises("need counts", seq2seq.difference_interval, 1, 5, k, n)
-    for level in (0, 1, float("nan")):
-        raises("level must be in", seq2seq.wilson_interval, 1, 5, level)
+    for level in (0, 1, float("nan"), None, "0.95", [0.9], True):
+        raises("level must be", seq2seq.wilson_interval, 1, 5, level)
+        raises("level must be", seq2seq.difference_interval, 1, 5, 2, 5, level)
 
 
 # --- the probes of chapter 14, against loops ----------------------------------
@@ -754,6 +756,58 @@ def test_model_equals_reference(positions):
         assert (got - expected).abs().max() < TOL, positions
 
 
+@pytest.mark.parametrize("shift", [0, 1, 2, -1])
+def test_copies_source_against_loops(shift):
+    """Output digit t of a string of n digits copies source digit
+    n + 1 - t - shift (from 1) where that digit exists: by loops."""
+    gen = torch.Generator().manual_seed(8)
+    B, S, steps = 40, 7, 9
+    lengths = torch.randint(1, S + 1, (B,), generator=gen)
+    src = torch.randint(3, 6, (B, S), generator=gen)  # few digits: repeats
+    pred = torch.randint(3, 6, (B, steps), generator=gen)
+    got = seq2seq.copies_source(pred, src, lengths, shift)
+    m = int(lengths.max())
+    assert got.shape == (B, m) and got.dtype == torch.bool
+    for b, n in enumerate(lengths.tolist()):
+        for t in range(1, m + 1):
+            j = n + 1 - t - shift
+            want = t <= n and 1 <= j <= n and pred[b, t - 1] == src[b, j - 1]
+            assert got[b, t - 1] == want, (b, t)
+    assert got.any() and not got.all()
+
+
+def test_copies_source_of_a_reversal():
+    """A right answer copies every mirror; the answer for the string
+    without its last digit copies the digit left of each mirror."""
+    src = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]])
+    lengths = torch.tensor([4, 3])
+    right = torch.tensor([[6, 5, 4, 3, 2], [9, 8, 7, 2, 0]])
+    shorter = torch.tensor([[5, 4, 3, 2, 0], [8, 7, 2, 0, 0]])
+    mirror = seq2seq.copies_source(right, src, lengths)
+    assert mirror.tolist() == [[True] * 4, [True] * 3 + [False]]
+    left = seq2seq.copies_source(shorter, src, lengths, 1)
+    assert left.tolist() == [[True] * 3 + [False], [True] * 2 + [False] * 2]
+    assert not seq2seq.copies_source(shorter, src, lengths).any()
+    assert not seq2seq.copies_source(right, src, lengths, 1).any()
+
+
+def test_copies_source_bad_input():
+    src, lengths = torch.tensor([[3, 4, 5]]), torch.tensor([3])
+    copies = seq2seq.copies_source
+    raises("pred must be a \\(B, steps\\)", copies, src.double(), src, lengths)
+    raises("src must be a \\(B, steps\\)", copies, src, src[0], lengths)
+    raises(
+        "one row per length \\(1\\)", copies, src, src.repeat(2, 1), lengths
+    )
+    raises("src has 2 columns, fewer than 3", copies, src, src[:, :2], lengths)
+    raises("pred has 2 columns", copies, src[:, :2], src, lengths)
+    raises("every string needs a digit", copies, src, src, lengths - 3)
+    for shift in (1.0, True, None):
+        raises("shift must be an integer", copies, src, src, lengths, shift)
+    none = torch.zeros(0, 3, dtype=torch.long)
+    assert copies(none, none, lengths[:0]).shape == (0, 0)
+
+
 # --- ALiBi and learned positions ---------------------------------------------
 
 
@@ -771,6 +825,9 @@ def test_alibi_slopes_are_the_papers():
     for bad in (0, -2, 2.0, True):
         with pytest.raises(ValueError, match="H must be"):
             alibi_slopes(bad)
+    for dtype in (torch.int64, torch.bool, torch.complex128, "float64"):
+        raises("dtype must be a float type", alibi_slopes, 4, dtype)
+    assert alibi_slopes(4, torch.float32).dtype == torch.float32
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
