@@ -153,6 +153,11 @@ def check_real_array(x, name):
         raise ValueError(
             f"{name} needs a rectangular array: {error}"
         ) from None
+    if x.dtype.kind not in "iuf" or x.dtype.itemsize > 8:
+        raise ValueError(
+            f"{name} prints real numbers (an integer or float array of at "
+            f"most 64 bits), got dtype {x.dtype}"
+        )
     masked = int(np.ma.getmaskarray(x).sum())
     if masked:  # np.asarray would print the hidden values
         raise ValueError(
@@ -161,11 +166,6 @@ def check_real_array(x, name):
             "missing value, which this port does not"
         )
     x = np.asarray(np.ma.getdata(x))
-    if x.dtype.kind not in "iuf" or x.dtype.itemsize > 8:
-        raise ValueError(
-            f"{name} prints real numbers (an integer or float array of at "
-            f"most 64 bits), got dtype {x.dtype}"
-        )
     doubles = x.astype(float)
     if (
         x.dtype.kind in "iu"
@@ -205,8 +205,14 @@ def check_width(lines, width, what):
         raise ValueError(f"width must be an integer, got {width!r}")
     if not 10 <= width <= 10000:
         raise ValueError(f"R's width is from 10 to 10000, got {width}")
-    if isinstance(lines, str) or not lines:
-        raise ValueError("check_width needs a non-empty list of lines")
+    if (
+        not isinstance(lines, (list, tuple))
+        or not lines
+        or not all(isinstance(line, str) for line in lines)
+    ):
+        raise ValueError(
+            "check_width needs a non-empty list of lines, each a str"
+        )
     if what not in ("vector", "matrix"):
         raise ValueError(
             f"check_width checks a vector or a matrix, not {what}"
@@ -235,8 +241,10 @@ def long_double(q):
         q, (int, float, Fraction, np.integer, np.floating)
     ):
         raise ValueError(f"long_double needs a real number, got {q!r}")
-    if isinstance(q, (float, np.floating)) and not math.isfinite(q):
-        raise ValueError(f"long_double needs a finite number, got {q!r}")
+    if isinstance(q, (float, np.floating)):
+        if not np.isfinite(q):
+            raise ValueError(f"long_double needs a finite number, got {q!r}")
+        q = Fraction(*q.as_integer_ratio())  # exact: float16 to longdouble
     q = Fraction(q)
     if q == 0:
         return q
@@ -244,6 +252,17 @@ def long_double(q):
     e -= abs(q) < Fraction(2) ** e  # now 2^e <= |q| < 2^(e + 1)
     unit = Fraction(2) ** (e - 63)
     return round(q / unit) * unit  # round() takes a tie to even
+
+
+def r_power_of_ten(k):
+    """tbl[k] of R's format.c, 0 <= k <= 27: the literal 1e<k>, a double
+    stored as a long double, so 10^k exactly up to 10^22 and from 10^23 on
+    the double nearest 10^k (1e23 is 10^23 - 8388608)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"the power must be an integer, got {k!r}")
+    if not 0 <= k <= 27:
+        raise ValueError(f"R's table holds 10^0 to 10^27, got 10^{k}")
+    return Fraction(float(10 ** int(k)))
 
 
 def r_significant(value, digits=7):
@@ -259,14 +278,15 @@ def r_significant(value, digits=7):
     if r == 0:
         return 1, 0, False
     kp = math.floor(math.log10(r)) - digits + 1  # 10^(kp+digits-1) <= r
-    exact = abs(kp) <= 27  # R divides by an exact power of 10, else powl
-    scaled = Fraction(r) / Fraction(10) ** kp
-    alpha = long_double(scaled) if exact else scaled
+    tabled = abs(kp) <= 27  # R scales by its table tbl[|kp|], else by powl
+    power = r_power_of_ten(abs(kp)) if tabled else Fraction(10) ** abs(kp)
+    scaled = Fraction(r) / power if kp > 0 else Fraction(r) * power
+    alpha = long_double(scaled) if tabled else scaled
     if alpha < 10 ** (digits - 1):  # log10 rounded up: one digit short
-        alpha = long_double(10 * alpha) if exact else 10 * alpha
+        alpha = long_double(10 * alpha) if tabled else 10 * alpha
         kp -= 1
     # powl's last bit is not modelled: near a tie, try both roundings
-    unsure = not exact and abs(alpha % 1 - Fraction(1, 2)) < alpha / 2**60
+    unsure = not tabled and abs(alpha % 1 - Fraction(1, 2)) < alpha / 2**60
     found = set()
     for a in {math.floor(alpha), math.ceil(alpha)} if unsure else {alpha}:
         a, sig = round(a), digits  # round(): ties to even, as R's
@@ -281,9 +301,9 @@ def r_significant(value, digits=7):
         )
     ((sig, exponent),) = found
     # R: does the fixed layout keep one digit fewer than the rounding?
-    fuzz = 0.5 / float(10 ** min(max(digits - exponent, 0), 27))
+    fuzz = 0.5 / float(r_power_of_ten(min(max(digits - exponent, 0), 27)))
     widens = 0 < exponent <= 27 and r < long_double(
-        10**exponent - Fraction(fuzz)
+        r_power_of_ten(exponent) - Fraction(fuzz)
     )
     return sig, exponent, bool(widens)
 

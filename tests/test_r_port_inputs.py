@@ -98,9 +98,18 @@ BAD_INPUT = [
         "80 characters wide, and R keeps",
     ),
     ("check_width", (["x"], 80, "array"), "a vector or a matrix"),
+    # lines that are not strings: a TypeError from len() before review R3
+    ("check_width", ([1, 2], 80, "vector"), "each a str"),
+    ("check_width", (np.array(["[1] 1"]), 80, "vector"), "list of lines"),
     ("long_double", ("1/3",), "real number"),
     ("long_double", (True,), "real number"),
     ("long_double", (np.inf,), "finite"),
+    ("long_double", (np.float32("nan"),), "finite"),
+    ("long_double", (np.longdouble("inf"),), "finite"),
+    ("r_power_of_ten", (28,), "table holds 10"),
+    ("r_power_of_ten", (-1,), "table holds 10"),
+    ("r_power_of_ten", (23.0,), "integer"),
+    ("r_power_of_ten", (True,), "integer"),
     ("r_significant", (np.nan,), "finite"),
     ("r_significant", ([1.0, 2.0],), "one number"),
     ("r_significant", ("1",), "real numbers"),
@@ -129,6 +138,14 @@ BAD_INPUT = [
     ("r_format_vector", ("1",), "real numbers"),
     ("r_format_vector", ([1.0], 7, None), "width must be an integer"),
     ("r_format_vector", ([2**60 + 1],), "not exactly a double"),
+    # a structured array: a UFuncTypeError from its mask before review R3
+    ("r_format_vector", (np.zeros(2, dtype=[("a", "f8")]),), "real numbers"),
+    ("r_format_matrix", (np.zeros((2, 1), dtype=[("a", "f8")]),), "dtype"),
+    (
+        "check_real_array",
+        (np.ma.zeros(2, dtype=[("a", "f8")]), "f"),
+        "real numbers",
+    ),
 ]
 
 
@@ -193,6 +210,47 @@ def test_long_double_keeps_64_bits_ties_to_even():
     third = Fraction(1, 3)  # 1/3 = 2^-2 * 4/3: the unit is 2^-65
     assert r_port.long_double(third) == Fraction(round(2**65 * third), 2**65)
     assert r_port.long_double(0.1) == Fraction(0.1)  # 53 bits fit in 64
+
+
+@pytest.mark.parametrize(
+    "q", [np.float16(0.1), np.float32(0.1), np.float32(-3e-39)]
+)
+def test_long_double_takes_narrow_floats_exactly(q):
+    """A float16 or float32 holds a double exactly (53 bits fit in 64), so
+    long_double returns it unchanged (a TypeError before review R3)."""
+    assert r_port.long_double(q) == Fraction(float(q)) != 0
+
+
+def test_long_double_takes_numpy_longdouble_exactly():
+    """np.longdouble: its exact value rounded to 64 bits (on x86-64 it is the
+    x87 format itself, so nothing changes; a TypeError before review R3)."""
+    q = np.longdouble(1) / 3
+    exact = Fraction(*q.as_integer_ratio())
+    assert r_port.long_double(q) == r_port.long_double(exact)
+    if np.finfo(np.longdouble).nmant == 63:  # x86-64: the x87 format
+        assert r_port.long_double(q) == exact != Fraction(float(q))
+
+
+def test_r_power_of_ten_is_rs_table_of_double_literals():
+    """R's tbl in format.c holds the literals 1e00 ... 1e27, doubles: exact
+    powers of 10 up to 10^22, the nearest double from 10^23 on (review R3;
+    C reads 1e23 as Python does, to the nearest double)."""
+    table = [r_port.r_power_of_ten(k) for k in range(28)]
+    assert table == [Fraction(float(f"1e{k}")) for k in range(28)]
+    assert table[:23] == [Fraction(10) ** k for k in range(23)]
+    assert all(table[k] != 10**k for k in range(23, 28))
+    assert table[23] == 10**23 - 8388608
+
+
+def test_rounding_widens_uses_rs_table_at_10_23():
+    """1e23 is the double 10^23 - 8388608; R compares it with tbl[23] - 0.5,
+    that same double in long double, so roundingwidens is FALSE: R 4.2.2's
+    print(1e23) with options(scipen = 100) is "[1]  99999999999999991611392"
+    (width 24, one digit more than %.0f prints). Against the exact 10^23 it
+    would be TRUE."""
+    assert r_port.r_significant(1e23) == (1, 23, False)
+    below = np.nextafter(1e23, 0)  # below tbl[23] - 0.5: widens
+    assert r_port.r_significant(below) == (1, 23, True)
 
 
 def test_a_column_width_is_computed_once_per_column(monkeypatch):

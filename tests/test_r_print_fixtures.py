@@ -6,7 +6,7 @@ vectors and matrix columns, row labels, very large and very small numbers,
 lines R wraps. The tests against the stored file need no R; two more run
 live R where it is installed (elsewhere they are skipped, or fail under
 CI=true): R's output today against the stored
-file, and 1,550 edge-biased vectors and matrices printed by R.
+file, and 1,800 edge-biased vectors and matrices printed by R.
 
 The functions live in book/r_port.py, which chapter 2 and the appendix
 import; the test reads them from the appendix, as a reader's kernel does.
@@ -109,10 +109,17 @@ def test_fixtures_cover_what_the_emulation_must_get_right():
     } <= set(names)
     assert sum(name.startswith("long_double_tie_") for name in names) >= 3
     assert sum(name.startswith("refused_powl_tie_") for name in names) >= 2
+    # near-ties R scales by tbl[23..27], the doubles nearest 10^23..10^27
+    # (review R3): small and large, so the exact power prints some otherwise
+    table = [
+        numbers(c).flat[0] for c in CASES if c["name"].startswith("table_tie_")
+    ]
+    assert sum(abs(v) < 1e-16 for v in table) >= 4
+    assert sum(abs(v) >= 1e29 for v in table) >= 4
     # a matrix R splits into blocks of columns at exactly 80 characters
     assert refusal(next(c for c in CASES if c["name"] == "matrix_80_wraps"))
-    # the appendix's summary: 68 of the 75 stored cases printed, 7 refused
-    assert (len(CASES), sum(refusal(c) is None for c in CASES)) == (75, 68)
+    # the appendix's summary: 78 of the 85 stored cases printed, 7 refused
+    assert (len(CASES), sum(refusal(c) is None for c in CASES)) == (85, 78)
     for case in CASES:
         assert numbers(case).size == len(case["values"]) >= 1
     # R printed a negative zero as 0, and the stored input is a negative zero
@@ -162,6 +169,7 @@ def test_live_r_prints_what_is_stored():
 # --- Edge-biased vectors and matrices, printed by live R ----------------------
 
 EDGE_SEED, EDGE_VECTORS, EDGE_MATRICES, EDGE_WIDE = 47, 1200, 300, 50
+EDGE_TABLE = 250  # vectors of near-ties that R scales by tbl[23..27]
 
 
 def edge_numbers(rng, n):
@@ -197,9 +205,26 @@ def edge_numbers(rng, n):
     return np.array(out)
 
 
+def table_ties(rng, digits):
+    """A near-tie (zero to three doubles off) at the last of `digits`
+    digits, rounding up to a trailing zero, where R scales by tbl[|kp|],
+    23 <= |kp| <= 27: the double nearest 10^|kp|, not 10^|kp| (review R3);
+    then up to two entries of one significant digit, so the layout is the
+    near-tie's; either sign."""
+    kp = int(rng.integers(23, 28)) * int(rng.choice([-1, 1]))
+    m = int(rng.integers(10 ** (digits - 1), 10**digits)) // 10 * 10 + 9
+    v = (m * 10 + 5) * 10.0 ** (kp - 1)  # about (m + 1/2) 10^kp
+    for _ in range(int(rng.integers(0, 4))):
+        v = np.nextafter(v, rng.choice([0.0, np.inf]))
+    short = rng.choice([0.5, 1.0, 3e30, 2e-20], int(rng.integers(0, 3)))
+    out = np.array([float(v), *short])
+    return np.where(rng.random(out.size) < 0.3, -out, out)
+
+
 def edge_cases():
-    """(x, digits) pairs: vectors (a fifth at digits 1 to 15), matrices, and
-    one-row matrices near 80 characters wide (R splits one of exactly 80)."""
+    """(x, digits) pairs: vectors (a fifth at digits 1 to 15), matrices,
+    one-row matrices near 80 characters wide (R splits one of exactly 80),
+    and vectors of near-ties in the bands R scales by tbl[23..27]."""
     rng = np.random.default_rng(EDGE_SEED)
     cases = []
     for _ in range(EDGE_VECTORS):
@@ -213,6 +238,9 @@ def edge_cases():
     for _ in range(EDGE_WIDE):  # 7 columns of 9 characters, then 1 to 9
         last = round(float(rng.random()), int(rng.integers(0, 8)))
         cases.append((np.array([[1 / 3] * 7 + [last]]), 7))
+    for _ in range(EDGE_TABLE):
+        digits = int(rng.integers(1, 16)) if rng.random() < 0.2 else 7
+        cases.append((table_ties(rng, digits), digits))
     return cases
 
 
@@ -223,11 +251,13 @@ def r_expression(x):
 
 
 def test_edge_cases_print_as_live_r(emulation, tmp_path):
-    """1,550 edge-biased vectors and matrices, printed by R in one Rscript
+    """1,800 edge-biased vectors and matrices, printed by R in one Rscript
     call: the port prints R's text, or refuses a line R wraps or a tie R
     decides with powl, and nothing else (under the old widths, 151 of
     them printed differently from R, silently: issue 47; matrices of
-    exactly 80 characters were printed, R splits them)."""
+    exactly 80 characters were printed, R splits them; scaled by the exact
+    power of 10 instead of R's tbl, 20 of the 250 near-ties printed
+    otherwise: review R3)."""
     path = shutil.which("Rscript")
     require_system_tool(path is not None, "R (Rscript)", R_INSTALL)
     cases = edge_cases()
@@ -267,5 +297,5 @@ def test_edge_cases_print_as_live_r(emulation, tmp_path):
             continue
         assert ours == text, (x.tolist(), digits)
         printed += 1
-    # the appendix's summary: 1,511 printed, 38 wrapped by R, 1 powl tie
-    assert (printed, *refused.values()) == (1511, 38, 1)
+    # the appendix's summary: 1,761 printed, 38 wrapped by R, 1 powl tie
+    assert (printed, *refused.values()) == (1761, 38, 1)

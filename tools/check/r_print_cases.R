@@ -109,13 +109,27 @@ emit("neg_rounds_to_1e-99", c(-9.9999999e-100, 1))
 
 # --- R's long double: ties at the 7th digit ----------------------------------
 # R scales x by a power of 10 in long double (64-bit significand) and rounds
-# that to 7 digits, ties to even; sprintf rounds the exact double
+# that to 7 digits, ties to even; sprintf rounds the exact double. For
+# |kp| <= 27 the power is tbl[|kp|] in format.c: double literals (1e23, ...),
+# so 10^k exactly up to 10^22, the double nearest 10^k for 10^23 to 10^27
 emit("dyadic_tie_2^-11", c(2^-11))                        # 0.00048828125
 emit("dyadic_tie_1234567.5", c(1234567.5, 1))
 emit("long_double_tie_0.47824295", c(0x1.e9b885172b95bp-2))  # 0.4782429499..
 emit("long_double_tie_0.33425705", c(0x1.56477ae8d46a5p-2))
 emit("long_double_tie_0.010239995", c(0x1.4f8b4dd16f1dfp-7))
-emit("exact_power_of_ten_limit_1e33", c(1.2345675e33, -1))  # 10^27 exact
+emit("table_limit_1e33", c(1.2345675e33, -1))  # tbl[27]: the double nearest 10^27
+# near-ties scaled by tbl[23..27] (|x| in [1e-21, 1e-16) or [1e29, 1e34) at
+# 7 digits): the exact power of 10 would round them the other way
+emit("table_tie_1.00018e-21", c(0x1.2e4923fe0b3bdp-70))      # tbl[27]
+emit("table_tie_1.000070e+33", c(0x1.8a7536acd844ep+109))    # tbl[27]
+emit("table_tie_1.000010e-17_and_half", c(0x1.70f03a16942a2p-57, 0.5))  # tbl[23]
+emit("table_tie_matrix_1.00018e-21", matrix(c(0x1.2e4923fe0b3bdp-70, 1), 1))
+emit("table_tie_5.889820e-21", c(0x1.bd05b27c0fc07p-68))     # tbl[27]
+emit("table_tie_neg_3.41577e-19", c(-0x1.93434c6e6e82fp-62)) # tbl[25]
+emit("table_tie_3.794400e-17", c(0x1.5df8b9a09e378p-55))     # tbl[23]
+emit("table_tie_9.34335e+29", c(0x1.795ff8335e9dcp+99))      # tbl[23]
+emit("table_tie_8.46576e+31", c(0x1.0b21de63ea3f1p+106))    # tbl[25]
+emit("table_tie_neg_8.048330e+33", c(-0x1.8cd0332dd6aebp+112))  # tbl[27]
 emit("powl_1e34_and_1e-30", c(1.2345675e34, 1.234567e-30, 3.3e40))
 emit("subnormal_and_one", c(5e-324, 1))
 # beyond 10^27 R divides by powl(10, k), not exactly rounded: near a tie
