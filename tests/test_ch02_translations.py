@@ -572,6 +572,12 @@ def test_r_matrix_fills_columns_unless_byrow(ch02):
         ch02.r_matrix(range(5), 2, 3)
 
 
+@pytest.mark.parametrize("nrow", [3.0, 0, True, "3"])
+def test_r_matrix_names_a_size_that_is_not_a_count(ch02, nrow):
+    with pytest.raises(ValueError, match="nrow must be an integer >= 1"):
+        ch02.r_matrix(range(9), nrow, 3)
+
+
 def test_r_matrix_refuses_what_r_would_recycle_or_cut(ch02):
     with pytest.raises(ValueError, match="needs 6 values"):
         ch02.r_matrix(range(7), 2, 3)  # R would drop the 7th
