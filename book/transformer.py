@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import check_batch_and_keys, check_mask
 from flash import flash_attention
 
 
@@ -34,6 +35,7 @@ def attend(Q, K, V, mask=None):
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
+        check_rows(mask)  # ValueError naming a query that may see no key
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # each row sums to 1
     return weights @ V, weights
@@ -78,40 +80,9 @@ def check_qkv(Q, K, V, mask=None):
             f"not fit: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V "
             f"{tuple(V.shape)}"
         )
-    if K.shape[-2] == 0 and Q.shape[-2] > 0:  # no query: an empty result
-        raise ValueError(
-            f"attention needs at least one key for its {Q.shape[-2]} queries"
-        )
-    try:
-        batch = torch.broadcast_shapes(
-            Q.shape[:-2], K.shape[:-2], V.shape[:-2]
-        )
-    except RuntimeError:
-        raise ValueError(
-            f"batch axes do not match: Q {tuple(Q.shape)}, K {tuple(K.shape)}"
-            f", V {tuple(V.shape)}"
-        ) from None
+    batch = check_batch_and_keys(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
         check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
-
-
-def check_mask(mask, scores_shape):
-    """Raise ValueError unless mask is a boolean tensor that broadcasts to
-    scores_shape (no larger)."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a boolean tensor (True = attend), got "
-            f"{shape_of(mask)}"
-        )
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the "
-            f"scores' shape {tuple(scores_shape)}"
-        )
 
 
 def check_heads(d, H):
@@ -652,8 +623,11 @@ def check_rows(allowed):
     """Return the boolean mask; raise ValueError if a query has no key."""
     if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool:
         raise ValueError(f"the mask must be boolean, got {shape_of(allowed)}")
-    if not allowed.any(dim=-1).all():
+    sees_a_key = allowed.any(dim=-1)
+    if not sees_a_key.all():
+        row = tuple(torch.nonzero(~sees_a_key)[0].tolist())
         raise ValueError(
-            "a query may attend to no key: its softmax is undefined"
+            f"a query may attend to no key: the mask's row {row} is all "
+            f"False, its softmax is undefined"
         )
     return allowed
