@@ -73,11 +73,7 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
 def check_batch_and_keys(Q, K, V):
     """Raise ValueError unless d_k >= 1, every query has a key and the
     leading axes of Q, K and V broadcast; return their broadcast shape."""
-    if K.shape[-1] == 0:
-        raise ValueError(
-            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
-            "the scale 1 / sqrt(d_k) would divide by zero"
-        )
+    check_d_k(K.shape[-1])
     if K.shape[-2] == 0 and Q.shape[-2] > 0:  # no query: an empty result
         raise ValueError(
             f"attention needs at least one key for its {Q.shape[-2]} queries"
@@ -90,6 +86,15 @@ def check_batch_and_keys(Q, K, V):
             f"batch dimensions do not match: {shapes} (their batch axes must "
             f"broadcast)"
         ) from None
+
+
+def check_d_k(d_k):
+    """Raise ValueError unless queries and keys hold d_k >= 1 numbers."""
+    if d_k == 0:
+        raise ValueError(
+            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
+            "the scale 1 / sqrt(d_k) would divide by zero"
+        )
 
 
 def check_mask(mask, scores_shape):

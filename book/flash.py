@@ -23,6 +23,8 @@ import numbers
 
 import torch
 
+from attention import check_d_k
+
 
 def check_qkv(Q, K, V):
     """ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v) fit."""
@@ -47,11 +49,7 @@ def check_qkv(Q, K, V):
             f"every key needs one value: K has {K.shape[-2]} "
             f"positions, V has {V.shape[-2]}"
         )
-    if Q.shape[-1] == 0:
-        raise ValueError(
-            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
-            "the scale 1 / sqrt(d_k) would divide by zero"
-        )
+    check_d_k(Q.shape[-1])  # 1 / sqrt(0) would divide by zero
     if K.shape[-2] == 0:
         raise ValueError("attention needs at least one key")
     if not Q.dtype == K.dtype == V.dtype:
