@@ -31,7 +31,10 @@ from flash import flash_attention
 
 
 def attend(Q, K, V, mask=None):
-    """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights)."""
+    """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights).
+
+    A query the mask lets see no key is a ValueError (chapter 3's function
+    gives it zeros): its softmax is undefined."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
@@ -59,7 +62,8 @@ def check_count(name, n, low=1):
 def check_qkv(Q, K, V, mask=None):
     """Raise ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k) and
     V (..., T_k, d_v) are floating-point tensors of one dtype and device
-    whose leading axes broadcast, with a key for any query, and mask is None
+    whose leading axes broadcast, with d_k >= 1 and a key for any query
+    (attention.check_batch_and_keys), and mask is None
     or a boolean tensor that broadcasts to the scores (..., T_q, T_k).
     Shapes only, never values: no tensor operation is added to a step."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
