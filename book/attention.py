@@ -63,27 +63,48 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
             f"every key needs one value: "
             f"K has {K.shape[-2]} rows, V has {V.shape[-2]}"
         )
+    batch = check_batch_and_keys(Q, K, V)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if mask is not None:
+        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
+
+
+def check_batch_and_keys(Q, K, V):
+    """Raise ValueError unless d_k >= 1, every query has a key and the
+    leading axes of Q, K and V broadcast; return their broadcast shape."""
+    check_d_k(K.shape[-1])
     if K.shape[-2] == 0 and Q.shape[-2] > 0:  # no query: an empty result
         raise ValueError(
             f"attention needs at least one key for its {Q.shape[-2]} queries"
         )
     try:
-        batch = torch.broadcast_shapes(
-            Q.shape[:-2], K.shape[:-2], V.shape[:-2]
-        )
+        return torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
     except RuntimeError:
         shapes = f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}"
-        raise ValueError(f"batch dimensions do not match: {shapes}") from None
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if mask is None:
-        return
+        raise ValueError(
+            f"batch dimensions do not match: {shapes} (their batch axes must "
+            f"broadcast)"
+        ) from None
+
+
+def check_d_k(d_k):
+    """Raise ValueError unless queries and keys hold d_k >= 1 numbers."""
+    if d_k == 0:
+        raise ValueError(
+            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
+            "the scale 1 / sqrt(d_k) would divide by zero"
+        )
+
+
+def check_mask(mask, scores_shape):
+    """Raise ValueError unless mask is a boolean tensor that broadcasts to
+    scores_shape (no larger)."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = getattr(mask, "dtype", type(mask).__name__)
         raise ValueError(
             f"mask must be a boolean tensor (True = attend), got {got}"
         )
-    scores_shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k)
     try:
         fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
     except RuntimeError:
@@ -91,5 +112,5 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
     if not fits:
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the "
-            f"scores' shape {scores_shape}"
+            f"scores' shape {tuple(scores_shape)}"
         )

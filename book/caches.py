@@ -43,14 +43,14 @@ def quantize(x, dim, scale=None):
             f"x {tuple(x.shape)} is empty along dim {dim}: no absmax to "
             f"scale by"
         )
-    if not torch.isfinite(x).all():
-        raise ValueError("x holds NaN or infinite values: no absmax scale")
+    check_finite("x", x)
     if scale is None:
         scale = x.abs().amax(dim=dim, keepdim=True) / LEVELS
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     else:
         scale = torch.as_tensor(scale, dtype=x.dtype)
         check_broadcast("the scale", scale, x)
+        check_finite("the scale", scale)
         if not (scale > 0).all():
             raise ValueError(f"the scale must be > 0, got {scale.min()}")
         if (x.abs() > (LEVELS + 0.5) * scale).any():
@@ -67,6 +67,7 @@ def dequantize(codes, scale):
         raise ValueError(f"codes must be an int8 tensor, got {_kind(codes)}")
     check_floats("the scale", scale)
     check_broadcast("the scale", scale, codes)
+    check_finite("the scale", scale)
     return codes.to(scale.dtype) * scale
 
 
@@ -83,6 +84,12 @@ def check_floats(name, x):
         raise ValueError(
             f"{name} must be a floating-point tensor, got {_kind(x)}"
         )
+
+
+def check_finite(name, x):
+    """Raise ValueError if tensor x holds a NaN or an infinity."""
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} holds NaN or infinite values")
 
 
 def check_broadcast(name, a, x):

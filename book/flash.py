@@ -23,6 +23,8 @@ import numbers
 
 import torch
 
+from attention import check_d_k
+
 
 def check_qkv(Q, K, V):
     """ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v) fit."""
@@ -47,6 +49,7 @@ def check_qkv(Q, K, V):
             f"every key needs one value: K has {K.shape[-2]} "
             f"positions, V has {V.shape[-2]}"
         )
+    check_d_k(Q.shape[-1])  # 1 / sqrt(0) would divide by zero
     if K.shape[-2] == 0:
         raise ValueError("attention needs at least one key")
     if not Q.dtype == K.dtype == V.dtype:
@@ -422,9 +425,9 @@ def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
 
 def check_causal(Q, K, V, causal):
     """The offset of the causal diagonal; ValueError for an unknown mask,
-    for d_k = 0 (the scale 1 / sqrt(d_k) would divide by zero) or for a
-    bottom-right mask under which the first queries would see no key
-    (after the shapes' checks: it reads T_q, T_k and d_k)."""
+    for inputs check_qkv refuses (d_k = 0 among them) or for a bottom-right
+    mask under which the first queries would see no key (after the shapes'
+    checks: it reads T_q and T_k)."""
     if not isinstance(causal, bool) and not (
         isinstance(causal, str) and causal in CAUSAL_MASKS
     ):
@@ -434,12 +437,7 @@ def check_causal(Q, K, V, causal):
         )
     if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
         raise ValueError("Q, K and V must be torch tensors")
-    check_qkv(Q, K, V)  # T_q, T_k and d_k exist
-    if Q.shape[-1] == 0:
-        raise ValueError(
-            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
-            "the scale 1 / sqrt(d_k) would divide by zero"
-        )
+    check_qkv(Q, K, V)  # T_q, T_k and d_k >= 1 exist
     if causal != "bottom-right":
         return 0
     T_q, T_k = Q.shape[-2], K.shape[-2]

@@ -334,6 +334,7 @@ class StaticCache(Cache):
     def update(self, K, V):
         """Write K, V (B, G, T, d_k) into the next T slots; return views of
         the keys, values and positions of every token so far."""
+        check_keys_values(K, V, self.K)  # ValueError: shapes, dtype, batch
         T = K.shape[-2]
         self.check_room(T)
         if self.K is None:

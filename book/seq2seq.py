@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import check_d_k
 from transformer import (
     Cache,
     EncoderBlock,
@@ -1024,6 +1025,7 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
         )
     if K.shape[-2] != V.shape[-2]:
         raise ValueError(f"{K.shape[-2]} keys but {V.shape[-2]} values")
+    check_d_k(K.shape[-1])  # the scale 1 / sqrt(d_k) needs d_k >= 1
     T_q, T_k = Q.shape[-2], K.shape[-2]
     if T_k == 0 and T_q > 0:
         raise ValueError("an empty key sequence: the queries have no key")

@@ -26,14 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import check_batch_and_keys, check_mask
 from flash import flash_attention
 
 
 def attend(Q, K, V, mask=None):
-    """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights)."""
+    """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights).
+
+    A query the mask lets see no key is a ValueError (chapter 3's function
+    gives it zeros): its softmax is undefined."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
+        check_rows(mask)  # ValueError naming a query that may see no key
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # each row sums to 1
     return weights @ V, weights
@@ -57,7 +62,8 @@ def check_count(name, n, low=1):
 def check_qkv(Q, K, V, mask=None):
     """Raise ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k) and
     V (..., T_k, d_v) are floating-point tensors of one dtype and device
-    whose leading axes broadcast, with a key for any query, and mask is None
+    whose leading axes broadcast, with d_k >= 1 and a key for any query
+    (attention.check_batch_and_keys), and mask is None
     or a boolean tensor that broadcasts to the scores (..., T_q, T_k).
     Shapes only, never values: no tensor operation is added to a step."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
@@ -78,40 +84,9 @@ def check_qkv(Q, K, V, mask=None):
             f"not fit: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V "
             f"{tuple(V.shape)}"
         )
-    if K.shape[-2] == 0 and Q.shape[-2] > 0:  # no query: an empty result
-        raise ValueError(
-            f"attention needs at least one key for its {Q.shape[-2]} queries"
-        )
-    try:
-        batch = torch.broadcast_shapes(
-            Q.shape[:-2], K.shape[:-2], V.shape[:-2]
-        )
-    except RuntimeError:
-        raise ValueError(
-            f"batch axes do not match: Q {tuple(Q.shape)}, K {tuple(K.shape)}"
-            f", V {tuple(V.shape)}"
-        ) from None
+    batch = check_batch_and_keys(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
         check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
-
-
-def check_mask(mask, scores_shape):
-    """Raise ValueError unless mask is a boolean tensor that broadcasts to
-    scores_shape (no larger)."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a boolean tensor (True = attend), got "
-            f"{shape_of(mask)}"
-        )
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the "
-            f"scores' shape {tuple(scores_shape)}"
-        )
 
 
 def check_heads(d, H):
@@ -429,8 +404,8 @@ class SelfAttention(nn.Module):
             return self.attend_fused(Q, K, V, mask, pos_q, pos_k), None
         if self.causal or cache is not None:  # order, window, empty slots
             allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
-            mask = allowed if mask is None else check_rows(mask & allowed)
-        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k)
+            mask = allowed if mask is None else mask & allowed
+        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k); rows checked
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out), weights
@@ -652,8 +627,11 @@ def check_rows(allowed):
     """Return the boolean mask; raise ValueError if a query has no key."""
     if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool:
         raise ValueError(f"the mask must be boolean, got {shape_of(allowed)}")
-    if not allowed.any(dim=-1).all():
+    sees_a_key = allowed.any(dim=-1)
+    if not sees_a_key.all():
+        row = tuple(torch.nonzero(~sees_a_key)[0].tolist())
         raise ValueError(
-            "a query may attend to no key: its softmax is undefined"
+            f"a query may attend to no key: the mask's row {row} is all "
+            f"False, its softmax is undefined"
         )
     return allowed

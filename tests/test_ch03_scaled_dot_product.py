@@ -233,6 +233,7 @@ def test_compare_with_torch_passes_and_checks_every_mask(ch03, monkeypatch):
         (((4,), (5, 4), (5, 6)), r"Q must have shape \(\.\.\., T, size\)"),
         (((2, 3, 4), (3, 5, 4), (3, 5, 6)), "batch dimensions do not match"),
         (((3, 4), (0, 4), (0, 6)), "at least one key"),
+        (((3, 0), (5, 0), (5, 6)), "d_k >= 1 .* got d_k = 0"),  # not 1 / 0
     ],
 )
 def test_bad_shapes_raise(shapes, message):

@@ -370,6 +370,23 @@ def test_quantize_bad_input():
             caches.dequantize(bad_codes, bad_scale)
 
 
+def test_quantize_refuses_a_scale_that_is_not_finite():
+    """An infinite scale codes every value as 0 and dequantizes to 0 * inf,
+    NaN; a NaN scale gives NaN: a ValueError naming the scale (issue 47)."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    codes, _ = caches.quantize(x, -1)
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(
+            ValueError, match="the scale holds NaN or infinite"
+        ):
+            caches.quantize(x, -1, scale=bad)
+        scale = torch.full((3, 1), bad, dtype=torch.float64)
+        with pytest.raises(
+            ValueError, match="the scale holds NaN or infinite"
+        ):
+            caches.dequantize(codes, scale)
+
+
 def keys_and_values(B=2, G=3, T=5, d_k=4, dtype=torch.float32):
     gen = torch.Generator().manual_seed(1)
     return tuple(

@@ -168,6 +168,21 @@ def test_errors_name_the_problem():
     cache = StaticCache(8)
     with pytest.raises(ValueError, match="seen only 0"):
         cache.crop(1)
+    for bad in (torch.zeros(2, 1, 4), [1.0]):  # not (B, G, T, d_k)
+        with pytest.raises(ValueError, match=r"K must be \(B, G, T, d_k\)"):
+            StaticCache(8).update(bad, bad)
+    with pytest.raises(ValueError, match="one shape, dtype and device"):
+        StaticCache(8).update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 2, 4))
+    cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    for K in (  # another batch, key size or dtype than the cache's buffers
+        torch.zeros(2, 2, 1, 4),
+        torch.zeros(1, 2, 1, 5),
+        torch.zeros(1, 2, 1, 4, dtype=torch.float64),
+    ):
+        with pytest.raises(ValueError, match="a cache serves one layer"):
+            cache.update(K, K)
+    with pytest.raises(ValueError, match="9 tokens exceed the capacity of 8"):
+        cache.update(torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4))
     batch = BatchCache(8, 2)
     with pytest.raises(ValueError, match="cannot crop rows"):
         batch.crop_rows(torch.tensor([1, 0]))

@@ -508,6 +508,18 @@ def test_flash_attention_refuses_d_k_zero(causal):
         flash.flash_attention(q[..., :0], k[..., :0], v, causal)
 
 
+def test_fast_attention_and_backward_refuse_d_k_zero():
+    """d_k = 0: a ValueError naming d_k from the forward and the backward,
+    not a ZeroDivisionError (issue 47); SDPA gives the mean of the values."""
+    q, k, v = qkv(4, 5, d=0, d_v=3)
+    C = torch.zeros(2, 3, 4, 3, dtype=torch.float64)
+    lse = torch.zeros(2, 3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="got d_k = 0"):
+        flash.fast_attention(q, k, v)
+    with pytest.raises(ValueError, match="got d_k = 0"):
+        flash.flash_backward(q, k, v, C, lse, torch.ones_like(C))
+
+
 def backward_inputs(T=9):
     q, k, v = qkv(T, d_v=5)
     C, lse = flash.fast_attention(q, k, v, return_lse=True)

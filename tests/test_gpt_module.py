@@ -348,6 +348,23 @@ def test_attend_names_bad_inputs(Q, K, V, mask, message):
         transformer.attend(Q, K, V, mask)
 
 
+def test_attend_refuses_d_k_zero_and_a_query_without_key():
+    """d_k = 0 (scores / sqrt(0): NaN) and a query whose every key is masked
+    (a softmax of -inf only: NaN) are ValueErrors naming them (issue 47), as
+    transformer's layers refuse a query without key (check_rows)."""
+    with pytest.raises(ValueError, match="got d_k = 0"):
+        transformer.attend(ones(2, 3, 0), ones(2, 4, 0), ones(2, 4, 5))
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    mask[1, 2] = False  # query 2 of sequence 1 sees no key
+    with pytest.raises(ValueError, match=r"the mask's row \(1, 2\) is all"):
+        transformer.attend(ones(2, 3, 4), ones(2, 4, 4), ones(2, 4, 5), mask)
+    mask[1, 2, 3] = True  # one key is enough: a finite result
+    out, weights = transformer.attend(
+        ones(2, 3, 4), ones(2, 4, 4), ones(2, 4, 5), mask
+    )
+    assert out.isfinite().all() and weights[1, 2].tolist() == [0, 0, 0, 1]
+
+
 @pytest.mark.parametrize("T_k", [3, 0])
 def test_no_query_gives_an_empty_result_as_torch(T_k):
     """T_q = 0: outputs (..., 0, d_v) and weights (..., 0, T_k), as

@@ -114,6 +114,7 @@ def test_attend_biased_bad_input():
     )
     raises("5 keys but 4 values", attend_biased, Q, K, V[:, :, :4])
     raises("empty key sequence", attend_biased, Q, K[:, :, :0], V[:, :, :0])
+    raises("got d_k = 0", attend_biased, Q[..., :0], K[..., :0], V, None, bias)
     raises("float tensor", attend_biased, Q.long(), K, V)
     raises("bias must be", attend_biased, Q, K, V, None, bias[..., :4])
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 5))
