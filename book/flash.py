@@ -47,6 +47,11 @@ def check_qkv(Q, K, V):
             f"every key needs one value: K has {K.shape[-2]} "
             f"positions, V has {V.shape[-2]}"
         )
+    if Q.shape[-1] == 0:
+        raise ValueError(
+            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
+            "the scale 1 / sqrt(d_k) would divide by zero"
+        )
     if K.shape[-2] == 0:
         raise ValueError("attention needs at least one key")
     if not Q.dtype == K.dtype == V.dtype:
@@ -422,9 +427,9 @@ def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
 
 def check_causal(Q, K, V, causal):
     """The offset of the causal diagonal; ValueError for an unknown mask,
-    for d_k = 0 (the scale 1 / sqrt(d_k) would divide by zero) or for a
-    bottom-right mask under which the first queries would see no key
-    (after the shapes' checks: it reads T_q, T_k and d_k)."""
+    for inputs check_qkv refuses (d_k = 0 among them) or for a bottom-right
+    mask under which the first queries would see no key (after the shapes'
+    checks: it reads T_q and T_k)."""
     if not isinstance(causal, bool) and not (
         isinstance(causal, str) and causal in CAUSAL_MASKS
     ):
@@ -434,12 +439,7 @@ def check_causal(Q, K, V, causal):
         )
     if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
         raise ValueError("Q, K and V must be torch tensors")
-    check_qkv(Q, K, V)  # T_q, T_k and d_k exist
-    if Q.shape[-1] == 0:
-        raise ValueError(
-            "attention needs d_k >= 1 numbers per query and key, got d_k = 0: "
-            "the scale 1 / sqrt(d_k) would divide by zero"
-        )
+    check_qkv(Q, K, V)  # T_q, T_k and d_k >= 1 exist
     if causal != "bottom-right":
         return 0
     T_q, T_k = Q.shape[-2], K.shape[-2]
