@@ -114,9 +114,10 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
     return tiles
 
 
-def check_medians(medians):
+def check_medians(medians, within=0.0):
     """Raise ValueError unless medians maps tiles (B_r, B_c), two integers
-    >= 1, to positive finite ratios, and holds at least one."""
+    >= 1, to positive finite ratios, and holds at least one; and within is
+    a finite number >= 0."""
     if not isinstance(medians, dict) or not medians:
         raise ValueError("the sweep holds no tile: medians must be a dict")
     for tile in medians:
@@ -137,6 +138,12 @@ def check_medians(medians):
         for x in medians.values()
     ):
         raise ValueError("every median ratio must be a positive number")
+    if isinstance(within, bool) or not (
+        isinstance(within, numbers.Real) and 0 <= within < math.inf
+    ):
+        raise ValueError(
+            f"within must be a finite number >= 0, got {within!r}"
+        )
 
 
 def choose_tile(medians, within=0.01):
@@ -144,7 +151,7 @@ def choose_tile(medians, within=0.01):
     the median ratio SDPA time / our time. Medians within `within` of the
     best count as tied with it: of those tiles, the one with the smallest
     buffer B_r B_c (on a tie in size, the higher median)."""
-    check_medians(medians)
+    check_medians(medians, within)
     best = max(medians.values())
     near = [tile for tile, x in medians.items() if x >= best - within]
     B_r, B_c = min(near, key=lambda t: (t[0] * t[1], -medians[t]))
@@ -358,8 +365,9 @@ def flash_backward(
 def check_backward(Q, K, V, C, lse, dC, inside, base2):
     """ValueError unless flash_backward's tensors fit: Q, K, V as for
     fast_attention (shapes, floating point; not checked for NaN again),
-    C and dC (..., T_q, d_v) and lse (..., T_q), all of one dtype; inside
-    and base2 True or False (causal and the offset: in tile_schedule)."""
+    C and dC (..., T_q, d_v) and lse (..., T_q), finite, all of one dtype;
+    inside and base2 True or False (causal and the offset: in
+    tile_schedule)."""
     tensors = {"Q": Q, "K": K, "V": V, "C": C, "lse": lse, "dC": dC}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -380,6 +388,8 @@ def check_backward(Q, K, V, C, lse, dC, inside, base2):
             )
         if t.dtype != Q.dtype:
             raise ValueError(f"{name} is {t.dtype}, Q is {Q.dtype}: one dtype")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
     for name, flag in (("inside", inside), ("base2", base2)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -418,6 +428,12 @@ def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
     "bottom-right", query i sees keys 0 .. i + T_k - T_q, the last query
     every key (torch.nn.attention.bias.causal_lower_right; a prefill after
     T_k - T_q cached tokens). B_r, B_c: the tiles (default FAST_TILE).
+
+    Warning: the backward pass is once_differentiable. When the output's
+    gradient carries no graph (a loss linear in the output), neither do
+    dQ, dK, dV, even with create_graph=True: a penalty on them alone
+    raises an error, and added to another loss it silently adds nothing
+    to that loss's gradients.
     """
     offset = check_causal(Q, K, V, causal)
     return FlashAttention.apply(Q, K, V, bool(causal), offset, B_r, B_c)

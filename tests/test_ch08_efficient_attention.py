@@ -691,3 +691,49 @@ def test_chapter_uses_the_module_and_defines_none_again(ch08, name):
                     t.id for t in node.targets if isinstance(t, ast.Name)
                 ]
                 assert name not in targets
+
+
+# --- empty and degenerate inputs (review round 2 of issue 47) ----------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("fn", ["tiled_attention", "attention_torch"])
+def test_torch_programs_give_an_empty_output_for_no_query(ch08, fn, causal):
+    """T_q = 0: an empty (..., 0, d_v) output, as fast_attention gives, not
+    a RuntimeError from reshape(-1, 0, d_k)."""
+    q, k, v = qkv(0, S=6, d_v=5)
+    out = getattr(ch08, fn)(q, k, v, causal)
+    assert out.shape == (2, 3, 0, 5) and out.dtype == q.dtype
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("fn", ["attention_loop", "attention_numpy"])
+def test_numpy_programs_give_an_empty_output_for_no_query(ch08, fn, causal):
+    q, k, v = (t.numpy() for t in qkv(0, S=6, d_v=5))
+    assert getattr(ch08, fn)(q, k, v, causal).shape == (2, 3, 0, 5)
+
+
+@pytest.mark.parametrize(
+    "fn, to_numpy",
+    [
+        ("tiled_attention", False),
+        ("attention_torch", False),
+        ("attention_sdpa", False),
+        ("attention_numpy", True),
+        ("attention_loop", True),
+    ],
+)
+def test_programs_refuse_d_k_zero(ch08, fn, to_numpy):
+    """d_k = 0: a ValueError naming d_k, as flash_attention's, not a
+    ZeroDivisionError (1 / sqrt(0)) or reshape's RuntimeError."""
+    q, k, v = qkv(4, S=6, d=0, d_v=5)
+    if to_numpy:
+        q, k, v = (t.numpy() for t in (q, k, v))
+    with pytest.raises(ValueError, match="got d_k = 0"):
+        getattr(ch08, fn)(q, k, v)
+
+
+@pytest.mark.parametrize("chunks", [5, None, 2.5])
+def test_online_softmax_refuses_a_stream_that_is_not_iterable(ch08, chunks):
+    with pytest.raises(ValueError, match="chunks must be an iterable"):
+        ch08.online_softmax(chunks)

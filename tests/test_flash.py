@@ -745,3 +745,28 @@ def test_choose_tile_takes_the_smallest_buffer_near_the_best():
         flash.choose_tile({})
     with pytest.raises(ValueError, match="positive number"):
         flash.choose_tile({(64, 64): float("nan")})
+
+
+@pytest.mark.parametrize("name", ["C", "lse", "dC"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_flash_backward_refuses_non_finite_c_lse_dc(name, bad):
+    """A NaN or infinite C, lse or dC is a ValueError naming it, not
+    gradients that are NaN everywhere (review round 2 of issue 47)."""
+    q, k, v, C, lse, dC = backward_inputs()
+    tensors = {"C": C, "lse": lse, "dC": dC}
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[3] = bad
+    with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
+        flash.flash_backward(q, k, v, *tensors.values())
+
+
+@pytest.mark.parametrize(
+    "within", ["a", float("nan"), -0.01, float("inf"), True]
+)
+def test_choose_tile_refuses_a_bad_window(within):
+    """within must be a finite number >= 0: not a TypeError for a string,
+    nor min()'s 'empty sequence' for NaN or a negative window."""
+    sweep = {(256, 256): 0.9, (512, 256): 0.91}
+    with pytest.raises(ValueError, match="within must be a finite number"):
+        flash.choose_tile(sweep, within=within)
+    assert flash.choose_tile(sweep, within=0) == [512, 256]  # no tie
