@@ -30,15 +30,18 @@ from attention import check_batch_and_keys, check_mask
 from flash import flash_attention
 
 
-def attend(Q, K, V, mask=None):
+def attend(Q, K, V, mask=None, rows_checked=False):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights).
 
     A query the mask lets see no key is a ValueError (chapter 3's function
-    gives it zeros): its softmax is undefined."""
+    gives it zeros): its softmax is undefined. rows_checked=True skips that
+    check (a value check: three more operations) for a mask whose rows are
+    known to hold a key, such as one a layer built from positions."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
-        check_rows(mask)  # ValueError naming a query that may see no key
+        if not rows_checked:
+            check_rows(mask)  # ValueError naming a query that sees no key
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # each row sums to 1
     return weights @ V, weights
@@ -402,10 +405,11 @@ class SelfAttention(nn.Module):
             V = V.repeat_interleave(self.H // self.G, dim=1)
         if self.backend != "attend":  # no weights: flash or sdpa
             return self.attend_fused(Q, K, V, mask, pos_q, pos_k), None
-        if self.causal or cache is not None:  # order, window, empty slots
+        built = self.causal or cache is not None
+        if built:  # order, window, empty slots: each query sees itself
             allowed = allowed_positions(pos_q, pos_k, self.w, self.causal)
-            mask = allowed if mask is None else mask & allowed
-        out, weights = attend(Q, K, V, mask)  # (B, H, T, d_k); rows checked
+            mask = allowed if mask is None else check_rows(mask & allowed)
+        out, weights = attend(Q, K, V, mask, rows_checked=built)  # (B,H,T,d_k)
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # merge the heads
         return self.out_proj(out), weights
