@@ -22,9 +22,10 @@ XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-re
 # start one math thread per core would oversubscribe the machine, and
 # OpenMP threads waiting for a core slow small operations: with two spinning
 # threads chapter 8 took 63.6 s against 16.1 s on one thread, its cell of
-# many small tensors 44.7 s against 9.1 s, 4 to 5 times as long (a shared
-# 2-core Xeon; tools/check/test_portable.py). (Speed only: make test-portable
-# proves that no digit depends on the thread count.)
+# many small tensors 44.7 s against 9.1 s, 4 to 5 times as long (single
+# runs on 2026-11-25 on a shared 2-core Xeon; tools/check/test_portable.py).
+# (Speed only: make test-portable proves that no digit depends on the thread
+# count.)
 SHARE := OMP_NUM_THREADS=$(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(JOBS) )); [ $$n -lt 1 ] && n=1; echo $$n)
 SHARE += MKL_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
 SHARE += OPENBLAS_NUM_THREADS=$(lastword $(subst =, ,$(firstword $(SHARE))))
@@ -46,7 +47,9 @@ help:
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          every chapter's benchmarks, timed by tools/measure.py (medians with 95 %"
-	@echo "                    intervals, the machine and its load in every row); PART=name runs one"
+	@echo "                    intervals where a program has at least 6 rounds: none for ch07's times,"
+	@echo "                    ch10's training, ch11's uncached 1,024 tokens, each run once; the machine"
+	@echo "                    and its load in every row); PART=name runs one"
 	@echo "                    chapter's part: ch07 (training times), ch08 (attention programs, ablation,"
 	@echo "                    tiles, two threads), ch10 (training, generation), ch11 (prefill, decode,"
 	@echo "                    bandwidth, static cache, decode levers, batching, speculative decoding),"
@@ -147,8 +150,12 @@ outputs: $(STAMP)
 # PART="ch08 ch13" some); `make bench PART=ch13 RUN=2` an independent repeat:
 # the rows are appended to the tables with a `run` column (BENCH_RUN) instead
 # of replacing them (repeats are separate invocations at different times).
-# Every script times with tools/measure.py (interleaved rounds, medians with
-# their 95 % intervals, paired ratios, the machine record).
+# Every script times with tools/measure.py (interleaved rounds, medians and
+# paired ratios with their 95 % intervals, the machine record). An interval
+# needs at least 6 rounds: ch10, ch11 and ch12 run 7, ch08 at least 7 calls
+# per program, ch13 9 or 15 pairs; ch07's training times, ch10's training and
+# ch11's uncached 1,024-token decode run once (seven runs would add about
+# 5.5, 6 and 3.5 minutes) and print no interval.
 # - ch07: chapter 7's training times (printed only; tools/bench/bench_sentiment.py);
 # - ch08: chapter 8's median time, GFLOP/s and peak extra memory of each
 #   attention program for T = 256 ... 4096, its ablation and tile sweep, and

@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import measure  # tools/, on the path by tests/conftest.py
+import measure_csv
 import pytest
 
 
@@ -202,6 +203,13 @@ def test_row_joins_the_columns():
         (lambda: measure.median_interval([1.0] * 5 + [math.nan]), "NaN"),
         (lambda: measure.verdict(2.0, 1.0), "empty"),
         (lambda: measure.t_quantile(0.975, 1.5), "integer df"),
+        (lambda: measure.t_quantile(0.975, 2.0), "integer df"),
+        (lambda: measure.t_interval([1.0, math.inf, 2.0]), "infinite"),
+        (lambda: measure.median_columns("s", [math.nan, 1, 2]), "NaN"),
+        (lambda: measure.median_columns("s", [1.0] * 6, per=math.nan), "per"),
+        (lambda: measure.median_columns("s", [1.0], per=math.inf), "per"),
+        (lambda: measure.verdict(math.nan, math.nan), "NaN"),
+        (lambda: measure.verdict(0.5, 2.0, null=math.nan), "NaN"),
     ],
 )
 def test_bad_input_raises_a_named_value_error(call, message):
@@ -259,17 +267,17 @@ def test_write_csv_replaces_or_appends_a_run(tmp_path, monkeypatch):
     import pandas as pd
 
     path = tmp_path / "sub" / "table.csv"
-    measure.write_csv([{"a": 1}], path)
-    measure.write_csv([{"a": 2}], path)
+    measure_csv.write_csv([{"a": 1}], path)
+    measure_csv.write_csv([{"a": 2}], path)
     assert pd.read_csv(path).to_dict("list") == {"a": [2]}
     monkeypatch.setenv("BENCH_RUN", "3")
-    measure.write_csv([{"a": 3}], path, run=measure.run_id())
-    measure.write_csv([{"a": 4}], path, run="4")
+    measure_csv.write_csv([{"a": 3}], path, run=measure_csv.run_id())
+    measure_csv.write_csv([{"a": 4}], path, run="4")
     table = pd.read_csv(path)
     assert table["a"].tolist() == [2, 3, 4]
     assert table["run"].tolist()[1:] == [3, 4]
     monkeypatch.setenv("BENCH_RUN", " ")
-    assert measure.run_id() is None
+    assert measure_csv.run_id() is None
 
 
 def test_machine_names_the_processor_and_threads(monkeypatch):
@@ -302,8 +310,8 @@ def test_quick_or_full_reads_the_command_line(tmp_path):
         csv: Path = Path("book/data/x.csv")
 
     full, quick = Config(), Config(size=8)
-    assert measure.quick_or_full("d", full, quick, []) == full
-    out = measure.quick_or_full(
+    assert measure_csv.quick_or_full("d", full, quick, []) == full
+    out = measure_csv.quick_or_full(
         "d", full, quick, ["--quick", "--csv", "a.csv"]
     )
     assert out == Config(8, Path("a.csv"))

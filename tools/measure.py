@@ -33,8 +33,8 @@ threads; `Timing` carries the one-minute load average before and after the
 timed rounds, and `BUSY_PER_CORE` flags a run that started on a loaded
 machine (load above 0.5 per core). `row` joins all of it into one CSV row;
 `median_columns` gives a time's median with its interval (empty below 6
-rounds), and `write_csv` replaces a table or, for an independent repeat
-(`make bench RUN=k`), appends its rows with the run's id in a `run` column.
+rounds). Writing the tables and reading a benchmark's command line:
+tools/measure_csv.py.
 """
 
 import math
@@ -44,7 +44,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 LEVEL = 0.95
 BUSY_PER_CORE = 0.5
@@ -198,11 +197,16 @@ def median_ranks(n, level=LEVEL):
     return k, n + 1 - k, 1 - 2 * binomial_cdf(k - 1, n)
 
 
+def check_finite(where, values):
+    """A ValueError naming `where` if a value is NaN or infinite."""
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{where}: a value is NaN or infinite: {values}")
+
+
 def median_interval(values, level=LEVEL):
     """(median, low, high) of the values: the order-statistic interval."""
+    check_finite("median_interval", values)
     values = sorted(values)
-    if any(math.isnan(v) for v in values):
-        raise ValueError("median_interval: a value is NaN")
     low, high, _ = median_ranks(len(values), level)
     return statistics.median(values), values[low - 1], values[high - 1]
 
@@ -211,8 +215,9 @@ def median_columns(name, values, per=1.0, level=LEVEL):
     """{name: median, name_lo: low, name_hi: high} of values / per (per:
     calls in one timed block); low and high are NaN below 6 values, where
     no order-statistic interval exists."""
-    if per <= 0:
+    if not 0 < per < math.inf:
         raise ValueError(f"median_columns: per must be positive, got {per}")
+    check_finite("median_columns", values)
     values = [v / per for v in values]
     if len(values) >= 6:
         median, low, high = median_interval(values, level)
@@ -287,7 +292,7 @@ def t_cdf(t, df):
 def t_quantile(p, df):
     """Student's t quantile, by bisection on `t_cdf` (no scipy: importing
     it costs seconds)."""
-    if not 0 < p < 1 or df < 1 or df != int(df):
+    if not 0 < p < 1 or not isinstance(df, int) or df < 1:
         raise ValueError(
             f"t_quantile: need 0 < p < 1, integer df >= 1; got p={p}, df={df}"
         )
@@ -305,8 +310,7 @@ def t_interval(values, level=LEVEL):
     n = len(values)
     if n < 2:
         raise ValueError(f"t_interval: {n} value(s); at least 2 are needed")
-    if any(math.isnan(v) for v in values):
-        raise ValueError("t_interval: a value is NaN")
+    check_finite("t_interval", values)
     mean = statistics.fmean(values)
     half = t_quantile(1 - (1 - level) / 2, n - 1) * (
         statistics.stdev(values) / math.sqrt(n)
@@ -336,6 +340,8 @@ def between_runs(run_values, within=None, level=LEVEL):
 def verdict(low, high, null=1.0):
     """'above', 'below', or 'cannot be told apart': where the interval
     [low, high] lies with respect to no difference (`null`)."""
+    if any(math.isnan(v) for v in (low, high, null)):
+        raise ValueError(f"verdict: NaN in [{low}, {high}] or null {null}")
     if low > high:
         raise ValueError(f"verdict: interval [{low}, {high}] is empty")
     if low > null:
@@ -358,42 +364,3 @@ def row(comparison, timing, machine_columns, **columns):
         }
         | machine_columns
     )
-
-
-def write_csv(rows, path, run=None, float_format="%.6g"):
-    """Write the rows (dicts) as the CSV table `path`, replacing it; with a
-    run id (`make bench RUN=k`: an independent repeat), add the column
-    `run` and append the rows to the table instead. Returns the table."""
-    import pandas as pd  # imported here: the statistics need no pandas
-
-    table = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if run is not None:
-        table["run"] = run
-        if path.exists():
-            table = pd.concat([pd.read_csv(path), table], ignore_index=True)
-    table.to_csv(path, index=False, float_format=float_format)
-    print(f"wrote {path}")
-    return table
-
-
-def quick_or_full(description, full, quick, argv=None):
-    """The config of a benchmark's run from its command line: `full`, or
-    with --quick the tiny `quick` (to prove the script runs); --csv PATH
-    replaces its `csv` (a frozen dataclass's field)."""
-    import argparse
-    import dataclasses
-
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--csv", type=Path, help=f"the table ({full.csv})")
-    args = parser.parse_args(argv)
-    config = quick if args.quick else full
-    return dataclasses.replace(config, csv=args.csv or config.csv)
-
-
-def run_id():
-    """The run id of an independent repeat: the environment's BENCH_RUN
-    (`make bench RUN=k`), or None (the table is replaced)."""
-    run = os.environ.get("BENCH_RUN", "").strip()
-    return run or None

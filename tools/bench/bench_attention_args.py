@@ -48,7 +48,7 @@ def add_timing(parser):
     parser.add_argument(
         "--min-repeats",
         type=int,
-        default=3,
+        default=7,
         help="calls of a program at least (below 6, its row has no 95 %% "
         "interval of the median)",
     )

@@ -3,6 +3,7 @@ row (tools/measure.py's), the CSV tables, the figure, and the closing ratios
 it prints."""
 
 import measure
+import measure_csv
 import numpy as np
 from bench_attention_programs import NAIVE, PROGRAMS, SDPA
 
@@ -23,8 +24,8 @@ def machine_columns(problem, clock):
 
 def write_csv(rows, path):
     """The rows as a CSV table (6 significant digits); with a run id
-    (`make bench RUN=k`) appended to the table (tools/measure.py)."""
-    return measure.write_csv(rows, path, run=measure.run_id())
+    (`make bench RUN=k`) appended to the table (tools/measure_csv.py)."""
+    return measure_csv.write_csv(rows, path, run=measure_csv.run_id())
 
 
 def plot_programs(df, ax_speed, ax_mem):

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
+import measure_csv
 from chapter_loader import BOOK
 from stored_models import setup
 
@@ -169,15 +170,15 @@ def speed(cfg):
                 )
                 print(rows[-1], flush=True)
     path = cfg.out / SPEED_CSV
-    run = measure.run_id()
+    run = measure_csv.run_id()
     if run is not None:
-        measure.write_csv(rows, path, run=run)
+        measure_csv.write_csv(rows, path, run=run)
         return
     new = pd.DataFrame(rows).assign(run="latest")
     if path.exists():
         old = pd.read_csv(path)
         new = pd.concat([new, old[old.run == "latest"].assign(run="previous")])
-    measure.write_csv(new, path)
+    measure_csv.write_csv(new, path)
 
 
 def ablation(cfg):
@@ -203,7 +204,9 @@ def ablation(cfg):
         )
         rows.append(row(*times, 1, variant=name, causal=False, T=cfg.T))
         print(rows[-1], flush=True)
-    measure.write_csv(rows, cfg.out / ABLATION_CSV, run=measure.run_id())
+    measure_csv.write_csv(
+        rows, cfg.out / ABLATION_CSV, run=measure_csv.run_id()
+    )
 
 
 class Ablated(torch.autograd.Function):
@@ -284,7 +287,9 @@ def profile(cfg):
     ]  # the operations that count
     frame = frame.sort_values(["passes", "program", "self_cpu_ms_per_call"],
                               ascending=[True, True, False])  # fmt: skip
-    measure.write_csv(frame, cfg.out / PROFILE_CSV, run=measure.run_id())
+    measure_csv.write_csv(
+        frame, cfg.out / PROFILE_CSV, run=measure_csv.run_id()
+    )
 
 
 PARTS = {

@@ -27,6 +27,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
+import measure_csv
 from chapter_loader import BOOK  # puts book/ on the path
 from stored_models import load_gpt, setup
 
@@ -35,7 +36,7 @@ from train_gpt import STEPS, train_one  # chapter 10's training, timed here
 
 NEW_TOKENS = (128, 256, 512)
 PROMPT = 16
-REPEATS = 3
+REPEATS = 7  # the fewest rounds with a 95 % interval is 6
 
 
 def bench_training(ch, chars, train_data, steps, out):
@@ -58,7 +59,9 @@ def bench_training(ch, chars, train_data, steps, out):
         wall_s=round(wall, 1),
         cpu_s=round(cpu, 1),
     )
-    measure.write_csv([row], out / "bench_gpt_train.csv", run=measure.run_id())
+    measure_csv.write_csv(
+        [row], out / "bench_gpt_train.csv", run=measure_csv.run_id()
+    )
 
 
 def generation_rows(ch, chars, val_data, new_tokens=NEW_TOKENS):
@@ -108,10 +111,10 @@ def generation_rows(ch, chars, val_data, new_tokens=NEW_TOKENS):
 
 
 def bench_generation(ch, chars, val_data, new_tokens, out):
-    measure.write_csv(
+    measure_csv.write_csv(
         generation_rows(ch, chars, val_data, new_tokens),
         out / "bench_gpt_generate.csv",
-        run=measure.run_id(),
+        run=measure_csv.run_id(),
     )
 
 

@@ -5,8 +5,8 @@
   new tokens, for each configuration of CONFIGS: no cache, chapter 10's
   growing cache, the static cache, then book/gpt.py's `Decoder` with one
   more lever switched on per row (cumulative), and torch.inference_mode;
-  without a cache only 512 (three runs) and 1,024 (one run): 2,048 would
-  take several minutes per run;
+  without a cache only 512 (seven runs) and 1,024 (one run, so no
+  interval): 2,048 would take several minutes per run;
 - batched greedy decoding (`greedy_batch`, every lever on) of B prompts of
   8 to 39 characters, BATCH_NEW new tokens each, B in BATCHES.
 
@@ -33,6 +33,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
+import measure_csv
 from chapter_loader import BOOK
 from stored_models import load_gpt, setup
 
@@ -47,8 +48,9 @@ class Config:
 
     new_tokens: tuple[int, ...] = (512, 2048)
     # (new tokens, runs) without a cache: 2,048 is too slow
-    uncached: tuple[tuple[int, int], ...] = ((512, 3), (1024, 1))
-    repeats: int = 5
+    # (1,024 runs once, about 36 s: no interval; seven would add 3.6 minutes)
+    uncached: tuple[tuple[int, int], ...] = ((512, 7), (1024, 1))
+    repeats: int = 7
     batches: tuple[int, ...] = (1, 4, 16, 64)
     batch_new: int = 256
     csv: Path = BOOK / "data" / "bench_static.csv"
@@ -167,8 +169,10 @@ def main(cfg):
         timing = measure.interleave(calls, cfg.repeats, warmup=0)
         rows += rows_of(timing, 1, n, machine, reference)
     rows += batch_rows(model, val_data, cfg, machine)
-    measure.write_csv(rows, cfg.csv, run=measure.run_id(), float_format=None)
+    measure_csv.write_csv(
+        rows, cfg.csv, run=measure_csv.run_id(), float_format=None
+    )
 
 
 if __name__ == "__main__":
-    main(measure.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))
+    main(measure_csv.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))

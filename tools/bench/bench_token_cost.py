@@ -1,9 +1,10 @@
 """Chapter 11's measurements (`make bench`), all in one run on one machine,
 on one thread, in CPU seconds, timed by tools/measure.py (medians with
-their 95 % intervals: REPEATS interleaved rounds of a block of `calls`
-calls for prefill, decode and the operations, bench_gpt.REPEATS for
-generation, matmul_ceiling's own count for the matmul row; the CSV records
-each; wall seconds are recorded too, since the machine may be shared):
+their 95 % intervals, which need at least 6 rounds: REPEATS = 7
+interleaved rounds of a block of `calls` calls for prefill, decode and
+the operations, bench_gpt.REPEATS = 7 for generation, matmul_ceiling's
+own count, 6 to 15, for the matmul row; the CSV records each; wall seconds
+are recorded too, since the machine may be shared):
 
 - prefill: chapter 10's stored GPT (book/gpt.py's class, chapter 11's
   sizes MODEL, weights book/data/gpt_G4.pt) called on T tokens, T in
@@ -45,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_gpt
 import measure
+import measure_csv
 from bench_attention_timing import matmul_ceiling
 from chapter_loader import BOOK, load_chapter  # puts book/ on the path
 from stored_models import setup
@@ -52,7 +54,7 @@ from stored_models import setup
 import gpt  # book/gpt.py
 
 REPLAY_N = 128
-REPEATS = 5
+REPEATS = 7  # the fewest rounds with a 95 % interval is 6
 MACHINE = measure.machine(1)
 
 
@@ -235,10 +237,10 @@ def main(cfg):
     table["gb_per_s"] = table.bytes / table.cpu_s / 1e9
     for column in ("T", "n", "ops", "flops", "bytes"):
         table[column] = table[column].astype("Int64")
-    measure.write_csv(table, cfg.csv, run=measure.run_id())
+    measure_csv.write_csv(table, cfg.csv, run=measure_csv.run_id())
     shown = ["measurement", "T", "n", "ops", "cpu_s", "cpu_s_lo", "cpu_s_hi"]
     print(table[shown].to_string(index=False))
 
 
 if __name__ == "__main__":
-    main(measure.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))
+    main(measure_csv.quick_or_full(__doc__.splitlines()[0], Config(), QUICK))

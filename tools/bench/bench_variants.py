@@ -27,6 +27,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
+import measure_csv
 from chapter_loader import BOOK
 from stored_models import load_gpt, setup
 
@@ -35,7 +36,7 @@ import variants  # book/variants.py
 
 PROMPT = 16
 NEW_TOKENS = 512
-REPEATS = 3
+REPEATS = 7  # the fewest rounds with a 95 % interval is 6
 # name in the CSV: chapter 10's weights (G) or a variant's name
 MODELS = {
     "mha": 4,
@@ -100,7 +101,9 @@ def main(new_tokens, csv):
                 **measure.interval_only(median),
             )
         )
-    measure.write_csv(rows, csv, run=measure.run_id(), float_format=None)
+    measure_csv.write_csv(
+        rows, csv, run=measure_csv.run_id(), float_format=None
+    )
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ CONTRIBUTING.md). Blank lines at the ends of a cell are not counted.
 Usage: python tools/check/cell_stats.py [NOTEBOOK ...]
 """
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,5 +47,16 @@ def main(paths):
     )
 
 
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\nUsage")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "notebooks", nargs="*", help="the notebooks (default: every chapter)"
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(parse_args().notebooks)

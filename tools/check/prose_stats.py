@@ -9,6 +9,7 @@ each.
 Usage: python tools/check/prose_stats.py [NOTEBOOK ...]
 """
 
+import argparse
 import json
 import re
 import sys
@@ -83,5 +84,16 @@ def main(paths):
     return 0 if ok else 1
 
 
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\nUsage")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "notebooks", nargs="*", help="the notebooks (default: every chapter)"
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(parse_args().notebooks))

@@ -21,6 +21,7 @@ one token per call: "float32" (the growing KVCache) and "int8 token",
 Usage: python tools/train/long_context.py
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -124,4 +125,8 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # no options: --help only, before any work
+        description=__doc__.split("\n\nUsage")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args()
     main()

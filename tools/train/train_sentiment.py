@@ -20,6 +20,7 @@ both and checks that the weights reproduce the log.
 Usage: python tools/train/train_sentiment.py
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -125,4 +126,8 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # no options: --help only, before any work
+        description=__doc__.split("\n\nUsage")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args()
     main()
