@@ -794,9 +794,15 @@ def error_breakdown(pred, tgt, lengths):
 
 def wilson_interval(k, n, level=0.95):
     """Wilson's score interval for a proportion: k successes in n trials
-    (an accuracy over n held-out strings), at the given level."""
-    if not (is_count(n) and is_count(k, minimum=0)) or k > n:
+    (an accuracy over n held-out strings), at the given level. k and n may
+    be any integers (Python's, NumPy's), not bools."""
+
+    def integer(x):
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+    if not (integer(k) and integer(n) and 0 <= k <= n and n >= 1):
         raise ValueError(f"need counts 0 <= k <= n and n >= 1, got {k=}, {n=}")
+    k, n = int(k), int(n)
     if not (isinstance(level, numbers.Real) and 0 < level < 1):
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     z = NormalDist().inv_cdf((1 + level) / 2)
@@ -811,7 +817,7 @@ def difference_interval(k1, n1, k2, n2, level=0.95):
     k2/n2, from their Wilson intervals (Newcombe 1998, method 10)."""
     l1, u1 = wilson_interval(k1, n1, level)
     l2, u2 = wilson_interval(k2, n2, level)
-    p1, p2 = k1 / n1, k2 / n2
+    p1, p2 = int(k1) / int(n1), int(k2) / int(n2)
     d = p1 - p2
     return (
         d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2),

@@ -231,9 +231,9 @@ def test_alibi_right_and_interval(ch14, stored, monkeypatch):
     less its errors) and strings; `interval` prints 3 decimals."""
     monkeypatch.setattr(ch14, "table", stored, raising=False)
     for n in (6, 11, 20):
-        k, m = ch14.alibi_right(n)
+        k, strings = ch14.alibi_right(n)
         row = stored.loc["alibi", n]
-        assert (k, m) == (row.strings - row.errors, row.strings)
+        assert (k, strings) == (row.strings - row.errors, row.strings)
     assert ch14.alibi_right(11) == (51, 200)
     assert ch14.interval((0.0704, 0.23651)) == "[0.070, 0.237]"
 

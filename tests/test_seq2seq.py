@@ -18,6 +18,7 @@ independent references:
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -367,6 +368,19 @@ def test_difference_interval_against_newcombe():
         assert (low, high) == pytest.approx(expected, abs=5e-5)
         back = seq2seq.difference_interval(k2, n2, k1, n1)
         assert back == pytest.approx((-high, -low), abs=1e-12)
+
+
+def test_intervals_take_numpy_integers():
+    """Counts read from a table are NumPy integers (review round 3)."""
+    want = seq2seq.wilson_interval(3, 5)
+    got = seq2seq.wilson_interval(np.int64(3), np.int32(5))
+    assert got == want and all(type(x) is float for x in got)
+    want = seq2seq.difference_interval(56, 70, 48, 80)
+    got = seq2seq.difference_interval(*np.array([56, 70, 48, 80]))
+    assert got == want and all(type(x) is float for x in got)
+    for k in (np.float64(3.0), np.bool_(True), torch.tensor(3)):
+        raises("need counts", seq2seq.wilson_interval, k, 5)
+        raises("need counts", seq2seq.difference_interval, 1, 5, k, 5)
 
 
 def test_intervals_bad_input():
