@@ -245,8 +245,11 @@ train-sentiment: $(STAMP)
 # a time (tools/train/train_variants.py): weights in book/data/variants/, the log
 # and a summary with each model's CPU and wall seconds in book/data/.
 # Measured once, on 2026-11-26 on the 2-core AMD EPYC, 2 jobs on 2 cores
-# shared with other work: 945 s of CPU for the ten models (75-151 s each;
-# book/data/variants_train.csv).
+# shared with other work: 945 s of CPU for the ten models (75-151 s each).
+# Seeds 1 and 2 of GQA, the window, MLA and the hybrid (book/variants.py's
+# PAIRED; issue 46), measured once on 2026-12-07, 2 jobs on 2 cores at a
+# load of 6 to 14: 910 s of CPU for the eight (102-141 s each), 2,779 s wall;
+# 1,855 s of CPU for all 18 (book/data/variants_train.csv).
 JOBS_TRAIN ?= 2
 .PHONY: train-variants
 train-variants: $(STAMP)

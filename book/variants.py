@@ -903,6 +903,17 @@ VARIANTS = {
     "cla": (0, {"attention": cla}),
     "mqa_wide": (0, {"G": 1, "d_ff": MQA_WIDE_D_FF}),
 }
+# Seeds 1 and 2 of the variants whose loss chapter 12 compares with MHA's:
+# the same model from another seed (initial weights and batches), named as
+# mha_seed1, so that each pairs with MHA's run of the same seed.
+PAIRED = ("gqa", "window", "mla", "hybrid")
+VARIANTS.update(
+    {
+        f"{name}_seed{seed}": (seed, VARIANTS[name][1])
+        for name in PAIRED
+        for seed in (1, 2)
+    }
+)
 
 
 def build_variant(name, vocab, **sizes):

@@ -5,6 +5,7 @@ prefill and the copies `extend` adds), at lengths the chapter never prints;
 `extend` against a cache filled by the model itself; the published-model
 formula's pieces against their configurations' arithmetic."""
 
+import measure  # tools/, on the path by tests/conftest.py
 import pytest
 import torch
 from chapter_loader import load_chapter
@@ -82,3 +83,61 @@ def test_the_count_of_other_sizes():
 def test_an_unknown_model_raises():
     with pytest.raises(ValueError, match="unknown model 'gpt2'"):
         ch12.numbers_per_token("gpt2", 10)
+
+
+# --- paired differences at matched seeds (issue 46) --------------------------
+
+
+@pytest.mark.parametrize("df", [1, 2])
+@pytest.mark.parametrize("p", [0.3, 0.6, 0.9, 0.95, 0.975, 0.995])
+def test_t_quantile_equals_scipys(p, df):
+    """scipy's stdtrit inverts the t distribution function numerically (its
+    incomplete beta function): no closed form shared with the chapter."""
+    from scipy.special import stdtrit  # imported here: seconds to import
+
+    assert ch12.t_quantile(p, df) == pytest.approx(stdtrit(df, p), rel=1e-12)
+
+
+def test_t_quantile_known_values():
+    """t(0.975) for 2 d.f.: 0.95 sqrt(2 / 0.0975) = 4.302652729749464 (by
+    hand, to 30 digits); for 1 d.f.: tan(0.475 pi) = 12.706204736174705."""
+    assert ch12.t_quantile(0.975, 2) == pytest.approx(4.302652729749464, 1e-14)
+    assert ch12.t_quantile(0.975, 1) == pytest.approx(
+        12.706204736174705, 1e-14
+    )
+
+
+def test_t_interval_by_hand_and_against_measure():
+    """Three differences 0.01, 0.03, 0.02: mean 0.02, standard deviation
+    0.01, half-width 4.302652729749464 * 0.01 / sqrt(3); and the same as
+    tools/measure.py's t_interval (bisection on another closed form) for
+    two and three differences."""
+    mean, low, high, df = ch12.t_interval([0.01, 0.03, 0.02])
+    half = 4.302652729749464 * 0.01 / 3**0.5
+    assert df == 2 and mean == pytest.approx(0.02, abs=1e-15)
+    assert (low, high) == pytest.approx((0.02 - half, 0.02 + half), abs=1e-14)
+    for diffs in ([0.0081, 0.0145], [-0.03, -0.05, -0.041], [0.2, -0.1, 0.05]):
+        assert ch12.t_interval(diffs) == pytest.approx(
+            measure.t_interval(diffs), abs=1e-12
+        )
+
+
+def test_t_interval_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="1 difference"):
+        ch12.t_interval([0.01])
+    with pytest.raises(ValueError, match="df = 1 or 2"):
+        ch12.t_interval([0.01, 0.02, 0.03, 0.04])
+    with pytest.raises(ValueError, match="0 < p < 1"):
+        ch12.t_quantile(1.0, 2)
+
+
+def test_vs_mha_pairs_each_seed_with_mhas_own(monkeypatch):
+    """A variant's seed s is compared with MHA's seed s, and only the seeds
+    the variant has are paired."""
+    val = {"mha": 1.9, "mha_seed1": 1.8, "mha_seed2": 1.85}
+    val |= {"gqa": 1.95, "gqa_seed1": 1.86, "gqa_seed2": 1.87, "cla": 1.7}
+    val |= {"mqa": 1.91, "mqa_seed1": 1.83}
+    monkeypatch.setattr(ch12, "val", val, raising=False)
+    assert ch12.vs_mha("gqa") == pytest.approx([0.05, 0.06, 0.02])
+    assert ch12.vs_mha("mqa") == pytest.approx([0.01, 0.03])
+    assert ch12.vs_mha("cla") == pytest.approx([-0.2])

@@ -734,6 +734,23 @@ def test_build_variant_seeds_and_sizes():
         v.build_variant("mha", VOCAB)
 
 
+def test_seeds_1_and_2_of_the_paired_variants():
+    """gqa_seed1 is gqa built and trained from seed 1, and so on for every
+    variant chapter 12 pairs with MHA; the window model of a seed starts
+    from MHA's initial weights of that seed (same shapes, same order)."""
+    for name in v.PAIRED:
+        for seed in (1, 2):
+            assert v.VARIANTS[f"{name}_seed{seed}"] == (
+                seed,
+                v.VARIANTS[name][1],
+            )
+    for seed in (1, 2):
+        window = v.build_variant(f"window_seed{seed}", VOCAB)[0].state_dict()
+        mha = v.build_variant(f"mha_seed{seed}", VOCAB)[0].state_dict()
+        assert list(window) == list(mha)
+        assert all(torch.equal(window[k], mha[k]) for k in mha)
+
+
 def test_the_variants_are_what_chapter_12_says():
     vocab = 65
 

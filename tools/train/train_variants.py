@@ -24,8 +24,14 @@ DeepSeek-V3.2-Exp's dense warm-up freezes an already trained model and
 trains only the indexer; from scratch there is no trained model to freeze,
 so here the cross-entropy trains the model in the dense stage too.
 
+A model at another seed is a name of its own in VARIANTS: mha_seed1, and
+<name>_seed1, <name>_seed2 for each of book/variants.py's PAIRED (the
+variants chapter 12 compares with MHA seed by seed); its seed sets the
+initial weights and the batches, as for MHA's.
+
 Usage: python tools/train/train_variants.py [--jobs N] [--steps N] [--only NAME ...]
-(--only retrains some models and replaces their rows in the CSVs).
+(--only retrains some models and replaces their rows in the CSVs, e.g.
+--only mla_seed1 mla_seed2).
 """
 
 import argparse
@@ -89,7 +95,7 @@ def train_variant(name, steps):
     wall, cpu = time.perf_counter(), time.process_time()
     model, seed = variants.build_variant(name, len(chars), **ch.MODEL)
     extra, kl = (None, None)
-    if name == "sparse":
+    if variants.VARIANTS[name][1].get("attention") is variants.sparse:
         extra, kl = indexer_loss(model, steps)
     losses = gpt.train(model, train_data, steps, seed=seed, extra_loss=extra)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
