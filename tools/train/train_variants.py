@@ -7,7 +7,7 @@ sizes, STEPS steps, batches, learning-rate schedule and book/gpt.py's
 
 Each model trains in a process of its own on one thread, `--jobs` at a
 time (`make train-variants JOBS_TRAIN=N`);
-its CPU seconds come from `time.process_time()` in that process (wall
+its CPU seconds come from measure.Stopwatch in that process (wall
 seconds too). Stores the weights (book/data/variants/<name>.pt, float32
 state_dicts), the log (book/data/variants_train_log.csv: name, seed, step,
 train_loss, and val_loss, the loss on chapter 10's fixed validation slice,
@@ -36,7 +36,6 @@ Usage: python tools/train/train_variants.py [--jobs N] [--steps N] [--only NAME 
 
 import argparse
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -47,6 +46,7 @@ import torch
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chapter_loader import BOOK  # puts book/ on the path
+from measure import Stopwatch
 from stored_models import setup
 from train_gpt import STEPS
 
@@ -92,13 +92,15 @@ def train_variant(name, steps):
     torch.set_num_threads(1)
     ch, chars, train_data, val_data = setup()
     x_val, y_val = ch.validation_slice(val_data)
-    wall, cpu = time.perf_counter(), time.process_time()
-    model, seed = variants.build_variant(name, len(chars), **ch.MODEL)
-    extra, kl = (None, None)
-    if variants.VARIANTS[name][1].get("attention") is variants.sparse:
-        extra, kl = indexer_loss(model, steps)
-    losses = gpt.train(model, train_data, steps, seed=seed, extra_loss=extra)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    with Stopwatch() as clock:
+        model, seed = variants.build_variant(name, len(chars), **ch.MODEL)
+        extra, kl = (None, None)
+        if variants.VARIANTS[name][1].get("attention") is variants.sparse:
+            extra, kl = indexer_loss(model, steps)
+        losses = gpt.train(
+            model, train_data, steps, seed=seed, extra_loss=extra
+        )
+    wall, cpu = clock.wall, clock.cpu
     val = gpt.validation_loss(model, x_val, y_val)
     note = f", indexer KL {kl[0]:.0f} -> {kl[-1]:.0f}" if kl else ""
     print(
@@ -152,14 +154,16 @@ def main():
     names = args.only or list(variants.VARIANTS)
     _, chars, _, _ = setup()
     check_width_match(len(chars))
-    wall = time.perf_counter()
-    with ProcessPoolExecutor(
-        args.jobs, mp_context=get_context("spawn"), max_tasks_per_child=1
-    ) as pool:  # one fresh process per model
+    with (
+        Stopwatch() as clock,
+        ProcessPoolExecutor(
+            args.jobs, mp_context=get_context("spawn"), max_tasks_per_child=1
+        ) as pool,
+    ):  # one fresh process per model
         results = list(
             pool.map(train_variant, names, [args.steps] * len(names))
         )
-    wall = time.perf_counter() - wall
+    wall = clock.wall
     log = pd.DataFrame(
         [row for rows, _ in results for row in rows],
         columns=["name", "seed", "step", "train_loss", "val_loss"],
