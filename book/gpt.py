@@ -556,7 +556,7 @@ class Decoder:
             V = V.repeat_interleave(self.H // self.G, dim=1)
         if self.fused:
             return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
-        return attend(Q, K, V, mask)[0]
+        return attend(Q, K, V, mask, rows_checked=True)[0]  # each sees itself
 
     def step(self, tokens, caches):
         """Logits (B, T, vocab) of tokens (B, T) after the cached ones."""
