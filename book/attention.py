@@ -12,6 +12,8 @@ V (..., T_k, d_v); scores E and weights A (..., T_q, T_k); outputs C
 (..., T_q, d_v). Leading axes (batch B, heads H) broadcast.
 """
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 
@@ -20,21 +22,40 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout_p=0.0):
     """C = softmax(Q K^T / sqrt(d_k)) V over the last two axes; returns (C, A).
 
     mask: None or a boolean tensor that broadcasts to (..., T_q, T_k), True
-    where query i may attend to key j. A query that may attend to no key
-    gets zero weights and a zero output (no NaN). dropout_p: each weight is
-    zeroed with this probability and the others divided by 1 - dropout_p.
+    where query i may attend to key j. A query that the mask lets attend to
+    no key gets zero weights and a zero output (no NaN). dropout_p: each
+    weight is zeroed with this probability and the others divided by
+    1 - dropout_p. Finite inputs can still give scores too large for their
+    dtype (float16 stops at 65504): an unmasked score that is not finite
+    raises a ValueError instead of turning into NaN or a zero row.
     """
     check_attention_inputs(Q, K, V, mask, dropout_p)
     d_k = K.shape[-1]
     E = Q @ K.transpose(-2, -1) * d_k**-0.5  # scores (..., T_q, T_k)
+    check_scores_finite(E, mask)
     if mask is not None:
         E = E.masked_fill(~mask, float("-inf"))  # hidden keys: exp(-inf) = 0
-    empty = torch.isneginf(E).all(dim=-1, keepdim=True)  # rows with no key
+        empty = ~mask.any(dim=-1, keepdim=True)  # rows the mask leaves empty
+    else:
+        empty = torch.zeros((), dtype=torch.bool, device=E.device)  # none
     A = F.softmax(E.masked_fill(empty, 0.0), dim=-1)  # rows sum to 1 ...
     A = A.masked_fill(empty, 0.0)  # ... or to 0 when a row sees no key
     if dropout_p > 0:
         A = F.dropout(A, dropout_p)  # attention dropout (chapter 5)
     return A @ V, A  # C (..., T_q, d_v), A (..., T_q, T_k)
+
+
+def check_scores_finite(E, mask=None):
+    """Raise ValueError if a score the mask keeps overflowed its dtype."""
+    bad = ~torch.isfinite(E)
+    if mask is not None:
+        bad = bad & mask
+    if bad.any():
+        raise ValueError(
+            f"a score Q K^T / sqrt(d_k) overflowed {E.dtype} (largest "
+            f"{torch.finfo(E.dtype).max:g}): scale Q and K down or use a "
+            f"wider dtype"
+        )
 
 
 def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
@@ -64,6 +85,8 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
             f"K has {K.shape[-2]} rows, V has {V.shape[-2]}"
         )
     batch = check_batch_and_keys(Q, K, V)
+    if not isinstance(dropout_p, numbers.Real):
+        raise ValueError(f"dropout_p must be a number, got {dropout_p!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if mask is not None:

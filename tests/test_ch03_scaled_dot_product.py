@@ -316,6 +316,45 @@ def test_bad_values_raise(ch03):
             sdpa(Q, Q, Q, dropout_p=p)
     with pytest.raises(ValueError, match="non-empty last axis"):
         ch03.softmax_jacobian(torch.ones(2, 0))
+    for p in ("0.1", None):
+        with pytest.raises(ValueError, match="dropout_p must be a number"):
+            sdpa(Q, Q, Q, dropout_p=p)
+
+
+@pytest.mark.parametrize(
+    "dtype, x", [(torch.float16, 70.0), (torch.float32, 1e20)]
+)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_overflowing_scores_raise(dtype, x, sign):
+    """Finite inputs whose scores overflow (float16: Q K^T = 70 * 70 * 16
+    = 78400 > 65504 before the scale 1/4) are refused, not turned into NaN
+    (sign +1) or a silently zeroed row (sign -1), as before the fix."""
+    Q = torch.full((1, 2, 16), x, dtype=dtype)
+    V = torch.ones(1, 2, 1, dtype=dtype)
+    assert torch.isinf(Q @ (sign * Q).transpose(-2, -1)).all()
+    with pytest.raises(ValueError, match=f"overflowed {dtype}"):
+        sdpa(Q, sign * Q, V)
+    keep_one = torch.tensor([[True, False], [True, False]])
+    with pytest.raises(ValueError, match="overflowed"):
+        sdpa(Q, sign * Q, V, mask=keep_one)
+
+
+def test_overflow_behind_the_mask_is_allowed():
+    """A hidden key may hold a score that overflows: it gets weight 0, and
+    only a row the mask leaves empty gives zeros."""
+    Q = torch.ones(1, 2, 16, dtype=torch.float16)
+    K = torch.tensor([1.0, 70.0], dtype=torch.float16)[:, None] * Q[0]
+    Q[0, 1] = 70.0
+    V = torch.tensor([[2.0], [5.0]], dtype=torch.float16)
+    mask = torch.tensor([[True, True], [True, False]])
+    C, A = sdpa(Q, K, V, mask=mask)
+    assert A[0, 1].tolist() == [1.0, 0.0] and C[0, 1].item() == 2.0
+    ref = F.scaled_dot_product_attention(
+        Q[:, :1].double(), K.double(), V.double()
+    )
+    assert_close(C[:, :1].double(), ref, atol=1e-3, rtol=1e-3)
+    C, A = sdpa(Q, K, V, mask=torch.tensor([[True, True], [False, False]]))
+    assert A[0, 1].tolist() == [0.0, 0.0] and C[0, 1].item() == 0.0
 
 
 def test_the_posts_r_code_is_shown_unrun():

@@ -710,3 +710,10 @@ def test_count_parameters_counts_trainable_numbers_only(ch05):
     assert ch05.count_parameters(module) == 4 * 8 * 8 + 8
     module.output_linear.requires_grad_(False)  # W_O and b_O frozen
     assert ch05.count_parameters(module) == 3 * 8 * 8
+
+
+@pytest.mark.parametrize("bad", [3, None, [nn.Linear(2, 2)]])
+def test_count_parameters_refuses_a_non_module(ch05, bad):
+    """count_parameters(3) raised AttributeError ('int' has no parameters)."""
+    with pytest.raises(ValueError, match=r"expected a torch\.nn\.Module, got"):
+        ch05.count_parameters(bad)

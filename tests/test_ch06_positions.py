@@ -243,6 +243,13 @@ def test_parameter_count(ch):
         )
 
 
+@pytest.mark.parametrize("bad", [3, None, [torch.nn.Linear(2, 2)]])
+def test_count_parameters_refuses_a_non_module(ch, bad):
+    """count_parameters(3) raised AttributeError ('int' has no parameters)."""
+    with pytest.raises(ValueError, match=r"expected a torch\.nn\.Module, got"):
+        ch.count_parameters(bad)
+
+
 # ---------------------------------------------------------------- positions
 
 
