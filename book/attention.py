@@ -41,7 +41,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout_p=0.0):
     A = F.softmax(E.masked_fill(empty, 0.0), dim=-1)  # rows sum to 1 ...
     A = A.masked_fill(empty, 0.0)  # ... or to 0 when a row sees no key
     if dropout_p > 0:
-        A = F.dropout(A, dropout_p)  # attention dropout (chapter 5)
+        A = F.dropout(A, float(dropout_p))  # attention dropout (chapter 5)
     return A @ V, A  # C (..., T_q, d_v), A (..., T_q, T_k)
 
 

@@ -761,6 +761,19 @@ def test_attention_weights_refuses_bad_input(ch02):
         ch02.attention_weights(np.ones((3, 4)), np.ones((3, 4)), scale="n")
 
 
+def test_complex_input_is_refused_not_cast(ch02):
+    """np.asarray(..., dtype=float) would drop a complex array's imaginary
+    part (a warning) or raise a TypeError for complex Python numbers: a
+    ValueError naming the problem instead (review R3)."""
+    z = np.ones((3, 4)) * (1 + 1j)
+    with pytest.raises(ValueError, match="got complex ones"):
+        ch02.attention_weights(z, np.ones((3, 4)))
+    with pytest.raises(ValueError, match="got complex ones"):
+        ch02.attention_weights([[1 + 1j, 2], [3, 4]], [[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match="got complex ones"):
+        ch02.linear_transform(np.ones((3, 4)), np.eye(3) * 1j, np.ones((3, 1)))
+
+
 def test_chapter_uses_the_appendix_code(ch02, rport):
     """One source of truth: the chapter prints and draws with the very
     functions the appendix shows and checks (book/r_port.py)."""

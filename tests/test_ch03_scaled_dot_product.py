@@ -7,6 +7,7 @@ post's Q, K and V are the chapter's own tensors (every cell run once). The
 module is loaded from its path, book/attention.py."""
 
 import importlib.util
+from fractions import Fraction
 
 import pytest
 import torch
@@ -319,6 +320,9 @@ def test_bad_values_raise(ch03):
     for p in ("0.1", None):
         with pytest.raises(ValueError, match="dropout_p must be a number"):
             sdpa(Q, Q, Q, dropout_p=p)
+    torch.manual_seed(0)  # a Fraction is a number F.dropout takes as float
+    C, _ = sdpa(Q, Q, Q, dropout_p=Fraction(1, 10))
+    assert torch.isfinite(C).all()
 
 
 @pytest.mark.parametrize(

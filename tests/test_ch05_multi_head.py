@@ -356,6 +356,18 @@ def test_parameter_count(ch05, d, H):
 
 
 @pytest.mark.parametrize("cls", MODULES)
+def test_a_fraction_of_dropout_is_stored_as_a_float(ch05, cls):
+    """check_sizes accepts any real number; nn's dropout takes a float:
+    the module keeps float(dropout) (review R3)."""
+    from fractions import Fraction
+
+    module = getattr(ch05, cls)(8, 2, dropout=Fraction(1, 10))
+    kept = module.heads[0] if cls == "MultiHeadAttention" else module
+    assert type(kept.dropout) is float and kept.dropout == 0.1
+    assert torch.isfinite(module(torch.randn(1, 3, 8))).all()  # training
+
+
+@pytest.mark.parametrize("cls", MODULES)
 def test_dropout_zero_and_eval_reproduce_no_dropout(ch05, cls):
     torch.manual_seed(12)
     args = (16, 4)
