@@ -22,8 +22,8 @@ XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-re
 # start one math thread per core would oversubscribe the machine, and
 # OpenMP threads waiting for a core slow small operations: with two spinning
 # threads chapter 8 took 63.6 s against 16.1 s on one thread, its cell of
-# many small tensors 44.7 s against 9.1 s, 4 to 5 times as long (single
-# runs on 2026-11-25 on a shared 2-core Xeon; tools/check/test_portable.py).
+# many small tensors 44.7 s against 9.1 s (one run each, no interval, on
+# 2026-11-25 on a shared 2-core Xeon; tools/check/test_portable.py).
 # (Speed only: make test-portable proves that no digit depends on the thread
 # count.)
 SHARE := OMP_NUM_THREADS=$(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(JOBS) )); [ $$n -lt 1 ] && n=1; echo $$n)
@@ -47,9 +47,10 @@ help:
 	@echo "make lint           ruff (code and notebooks), codespell (prose), check-jsonschema (CI files)"
 	@echo "make outputs        re-execute notebooks and store their outputs (NB=book/... for one)"
 	@echo "make bench          every chapter's benchmarks, timed by tools/measure.py (medians with 95 %"
-	@echo "                    intervals where a program has at least 6 rounds: none for ch07's times,"
-	@echo "                    ch10's training, ch11's uncached 1,024 tokens, each run once; the machine"
-	@echo "                    and its load in every row); PART=name runs one"
+	@echo "                    intervals where a program has at least 6 rounds, as ch08's matmul ceiling"
+	@echo "                    may stop at: none for ch07's times, ch10's training, ch11's uncached"
+	@echo "                    1,024 tokens, each run once, nor ch13's profile (5 calls under"
+	@echo "                    torch.profiler); the machine and its load in every row); PART=name runs one"
 	@echo "                    chapter's part: ch07 (training times), ch08 (attention programs, ablation,"
 	@echo "                    tiles, two threads), ch10 (training, generation), ch11 (prefill, decode,"
 	@echo "                    bandwidth, static cache, decode levers, batching, speculative decoding),"
@@ -153,9 +154,11 @@ outputs: $(STAMP)
 # Every script times with tools/measure.py (interleaved rounds, medians and
 # paired ratios with their 95 % intervals, the machine record). An interval
 # needs at least 6 rounds: ch10, ch11 and ch12 run 7, ch08 at least 7 calls
-# per program, ch13 9 or 15 pairs; ch07's training times, ch10's training and
-# ch11's uncached 1,024-token decode run once (seven runs would add about
-# 5.5, 6 and 3.5 minutes) and print no interval.
+# per program (at least 6 for its matmul ceiling), ch13 9 or 15 pairs; ch07's
+# training times, ch10's training and ch11's uncached 1,024-token decode run
+# once (seven runs would add about 5.5 minutes, 6 minutes of CPU and 3.5
+# minutes) and print no interval, nor does ch13's profile (5 calls of each
+# pass under torch.profiler).
 # - ch07: chapter 7's training times (printed only; tools/bench/bench_sentiment.py);
 # - ch08: chapter 8's median time, GFLOP/s and peak extra memory of each
 #   attention program for T = 256 ... 4096, its ablation and tile sweep, and
@@ -245,11 +248,13 @@ train-sentiment: $(STAMP)
 # a time (tools/train/train_variants.py): weights in book/data/variants/, the log
 # and a summary with each model's CPU and wall seconds in book/data/.
 # Measured once, on 2026-11-26 on the 2-core AMD EPYC, 2 jobs on 2 cores
-# shared with other work: 945 s of CPU for the ten models (75-151 s each).
+# shared with other work: 945.0 s of CPU for the ten models (75-151 s each).
 # Seeds 1 and 2 of GQA, the window, MLA and the hybrid (book/variants.py's
 # PAIRED; issue 46), measured once on 2026-12-07, 2 jobs on 2 cores at a
-# load of 6 to 14: 910 s of CPU for the eight (102-141 s each), 2,779 s wall;
-# 1,855 s of CPU for all 18 (book/data/variants_train.csv).
+# load of 6 to 14: 909.7 s of CPU for the eight (102-141 s each; the
+# elapsed time of the run was measured once and not stored: the eight
+# wall_s add up to 5,245 s, two at a time); 1,855 s of CPU for all 18
+# (book/data/variants_train.csv).
 JOBS_TRAIN ?= 2
 .PHONY: train-variants
 train-variants: $(STAMP)

@@ -76,9 +76,45 @@ def test_interleave_times_every_call_of_every_round():
 
 
 def test_busy_flag_above_half_a_core_per_core():
-    t = measure.Timing(load_before=1.01, cores=2)
+    t = measure.Timing(load_before=2.01, cores=2, own_threads=1)
     assert t.busy
-    assert not measure.Timing(load_before=1.0, cores=2).busy
+    assert not measure.Timing(load_before=2.0, cores=2, own_threads=1).busy
+
+
+def test_busy_discounts_the_benchmarks_own_threads(monkeypatch):
+    """A two-thread part on an idle 2-core machine loads it by about 2: not
+    busy; the same load with one thread of its own is another's work."""
+    assert not measure.Timing(load_before=2.2, cores=2, own_threads=2).busy
+    assert measure.Timing(load_before=2.2, cores=2, own_threads=1).busy
+    timing = measure.interleave(
+        {"a": lambda: None}, 1, loadavg=lambda: 2.2, cores=2, threads=2
+    )
+    assert timing.own_threads == 2 and not timing.busy
+    fake_torch = types.SimpleNamespace(get_num_threads=lambda: 2)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert measure.Timing().own_threads == 2
+    timing = measure.interleave({"a": lambda: None}, 1, loadavg=lambda: 2.2)
+    assert timing.own_threads == 2
+
+
+def test_load_is_read_before_the_warm_up():
+    """The warm-up's own threads raise the load average: the load before
+    is read before it, so an idle machine is not flagged busy."""
+    state = {"load": 0.3}
+
+    def warm():  # each call adds its thread's share to the fake load
+        state["load"] += 1.0
+
+    timing = measure.interleave(
+        {"a": warm},
+        1,
+        warmup=2,
+        loadavg=lambda: state["load"],
+        cores=2,
+        threads=1,
+    )
+    assert timing.load_before == 0.3 and timing.load_after == 3.3
+    assert not timing.busy
 
 
 def test_median_ranks_match_the_binomial():
@@ -210,6 +246,9 @@ def test_row_joins_the_columns():
         (lambda: measure.median_columns("s", [1.0], per=math.inf), "per"),
         (lambda: measure.verdict(math.nan, math.nan), "NaN"),
         (lambda: measure.verdict(0.5, 2.0, null=math.nan), "NaN"),
+        (lambda: measure.verdict(None, 1.0), "not numbers"),
+        (lambda: measure.paired_ratio([1.0] * 6, [math.inf] * 6), "infinite"),
+        (lambda: measure.paired_ratio([math.nan] * 6, [1.0] * 6), "NaN"),
     ],
 )
 def test_bad_input_raises_a_named_value_error(call, message):
@@ -296,6 +335,17 @@ def test_ratio_columns_without_an_interval_below_six_rounds():
     assert math.isnan(out["ratio_lo"]) and math.isnan(out["ratio_hi"])
     full = measure.ratio_columns([2.0] * 6, [1.0] * 6)
     assert full == measure.paired_ratio([2.0] * 6, [1.0] * 6)
+
+
+def test_ratio_columns_takes_numpy_arrays_below_six_rounds():
+    """An array times 6 multiplies its values; the rounds are repeated."""
+    import numpy as np
+
+    out = measure.ratio_columns(np.array([2.0, 4.0, 9.0]), np.ones(3))
+    assert out["ratio_median"] == 4.0 and out["rounds"] == 3
+    assert math.isnan(out["ratio_lo"])
+    full = measure.ratio_columns(np.full(6, 2.0), np.ones(6))
+    assert full["ratio_median"] == 2.0 and full["rounds"] == 6
 
 
 def test_interval_only_keeps_the_bounds():

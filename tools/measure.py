@@ -30,17 +30,23 @@ told apart on this machine.
 
 The machine. `machine` describes the processor, cores, torch version and
 threads; `Timing` carries the one-minute load average before and after the
-timed rounds, and `BUSY_PER_CORE` flags a run that started on a loaded
-machine (load above 0.5 per core). `row` joins all of it into one CSV row;
+timed rounds, and `busy` flags a run that started on a loaded machine: the
+load, read before the warm-up, less the math threads the benchmark itself
+runs (`own_threads`: torch's thread count where torch is loaded, else 1;
+the process's own threads count in the load average), above
+`BUSY_PER_CORE` (0.5) per core. A two-thread part on an idle 2-core
+machine is thus not busy. `row` joins all of it into one CSV row;
 `median_columns` gives a time's median with its interval (empty below 6
 rounds). Writing the tables and reading a benchmark's command line:
 tools/measure_csv.py.
 """
 
 import math
+import numbers
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,6 +110,13 @@ def load_average():
         return 0.0
 
 
+def running_threads():
+    """The math threads this process runs: torch's count where torch is
+    loaded (benchmarks set it), else 1."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "get_num_threads", lambda: 1)()
+
+
 @dataclass
 class Timing:
     """Per-call seconds of interleaved programs, and the load around them."""
@@ -114,11 +127,14 @@ class Timing:
     load_before: float = 0.0
     load_after: float = 0.0
     cores: int = 1
+    own_threads: int = field(default_factory=running_threads)
 
     @property
     def busy(self):
-        """True when the machine was loaded as the rounds started."""
-        return self.load_before > BUSY_PER_CORE * self.cores
+        """True when the machine was loaded, besides the benchmark's own
+        threads, before the warm-up."""
+        others = self.load_before - self.own_threads
+        return others > BUSY_PER_CORE * self.cores
 
 
 def interleave(
@@ -132,6 +148,7 @@ def interleave(
     max_seconds: float | None = None,
     min_rounds: int = 6,
     keep_results: bool = False,
+    threads: int | None = None,
 ) -> Timing:
     """Time `calls` (name -> function of no argument) for `rounds` rounds,
     each program once per round in the order given, after `warmup` untimed
@@ -139,7 +156,9 @@ def interleave(
     has `min_rounds` calls and has spent `max_seconds` of wall time (slow
     programs get fewer calls; the others go on, still in turn). With
     `keep_results`, `Timing.results` holds each program's last result. The
-    clocks and the load are arguments so that a test can pass fake ones."""
+    load is read before the warm-up; `threads` (default: `running_threads`)
+    are the benchmark's own, which `Timing.busy` discounts. The clocks and
+    the load are arguments so that a test can pass fake ones."""
     if not calls:
         raise ValueError("interleave: no program to time")
     if rounds < 1 or warmup < 0:
@@ -147,14 +166,16 @@ def interleave(
             f"interleave: rounds must be >= 1 and warmup >= 0, "
             f"got rounds={rounds}, warmup={warmup}"
         )
+    load_before = loadavg()  # before the warm-up's threads raise it
     for _ in range(warmup):
         for call in calls.values():
             call()
     timing = Timing(
         wall={name: [] for name in calls},
         cpu={name: [] for name in calls},
-        load_before=loadavg(),
+        load_before=load_before,
         cores=cores or os.cpu_count() or 1,
+        own_threads=running_threads() if threads is None else threads,
     )
     active = list(calls)
     while active:
@@ -241,6 +262,7 @@ def paired_ratio(numerator, denominator, level=LEVEL):
             f"paired_ratio: {len(numerator)} and {len(denominator)} "
             f"times are not pairs"
         )
+    check_finite("paired_ratio", [*numerator, *denominator])
     if any(t <= 0 for t in (*numerator, *denominator)):
         raise ValueError("paired_ratio: a time is not positive")
     ratios = [a / b for a, b in zip(numerator, denominator)]
@@ -256,7 +278,8 @@ def paired_ratio(numerator, denominator, level=LEVEL):
 
 def ratio_columns(numerator, denominator, level=LEVEL):
     """`paired_ratio`'s columns; below 6 rounds (a quick run) the median
-    alone, its interval NaN."""
+    alone, its interval NaN. Lists or NumPy arrays."""
+    numerator, denominator = list(numerator), list(denominator)
     if len(numerator) >= 6:
         return paired_ratio(numerator, denominator, level)
     out = paired_ratio(numerator * 6, denominator * 6, level)
@@ -340,6 +363,8 @@ def between_runs(run_values, within=None, level=LEVEL):
 def verdict(low, high, null=1.0):
     """'above', 'below', or 'cannot be told apart': where the interval
     [low, high] lies with respect to no difference (`null`)."""
+    if not all(isinstance(v, numbers.Real) for v in (low, high, null)):
+        raise ValueError(f"verdict: [{low}, {high}], null {null}: not numbers")
     if any(math.isnan(v) for v in (low, high, null)):
         raise ValueError(f"verdict: NaN in [{low}, {high}] or null {null}")
     if low > high:

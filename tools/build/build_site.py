@@ -15,6 +15,7 @@ Usage: python tools/build/build_site.py              (exit status: the build's)
        python tools/build/build_site.py --linkcheck  (check the external links)
 """
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -78,14 +79,31 @@ def build(builder="html", execute=False):
     return result.returncode, log
 
 
+def parse_args(argv):
+    """At most one of --execute and --linkcheck; --help exits 0."""
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--execute",
+        action="store_true",
+        help="execute the notebooks too (cached)",
+    )
+    group.add_argument(
+        "--linkcheck", action="store_true", help="check the external links"
+    )
+    return parser.parse_args(argv)
+
+
 def main(argv):
-    if argv not in ([], ["--linkcheck"], ["--execute"]):
-        sys.exit(__doc__)
-    if argv == ["--linkcheck"]:
+    args = parse_args(argv)
+    if args.linkcheck:
         returncode, log = build("linkcheck")
         print(log[-6000:])
         return returncode
-    execute = argv == ["--execute"]
+    execute = args.execute
     start = time.perf_counter()
     returncode, log = build(execute=execute)
     took = time.perf_counter() - start

@@ -1,12 +1,24 @@
 """Write a full-page PNG of every built page, light and dark, into
 _build/screenshots/ (`make screenshots`), to look at the site as a reader does."""
 
+import argparse
+
 from site_browser import HTML, browser, open_page, site_pages
 
 OUT = HTML.parent / "screenshots"
 
 
-def main():
+def parse_args(argv):
+    """--help prints the module's docstring and exits 0; no other options."""
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    parse_args(argv)
     if not (HTML / "index.html").is_file():
         raise SystemExit("no built site: run `make book` first")
     OUT.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ unchanged notebooks leaves no diff.
 Usage: python tools/check/refresh_outputs.py book/01_general_attention.ipynb [...]
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -75,10 +76,18 @@ def refresh(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def main(paths):
-    if not paths:
-        sys.exit("usage: refresh_outputs.py NOTEBOOK.ipynb [...]")
-    for name in paths:
+def parse_args(argv):
+    """One or more notebook paths; --help exits 0."""
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("notebooks", nargs="+", metavar="NOTEBOOK.ipynb")
+    return parser.parse_args(argv)
+
+
+def main(argv):
+    for name in parse_args(argv).notebooks:
         path = Path(name)
         if path.suffix != ".ipynb" or not path.is_file():
             sys.exit(f"not a notebook: {name}")

@@ -6,6 +6,7 @@ Words that are right but unknown to codespell go in .codespell-words
 Usage: python tools/check/spellcheck.py   (exit status 1 when a misspelling is found)
 """
 
+import argparse
 import io
 import json
 import sys
@@ -17,6 +18,15 @@ from codespell_lib import main as codespell
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKDOWN = ["README.md", "CONTRIBUTING.md", "book/*.md"]
+
+
+def parse_args(argv):
+    """--help prints the module's docstring and exits 0; no other options."""
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser.parse_args(argv)
 
 
 def prose_files(tmp):
@@ -35,7 +45,8 @@ def prose_files(tmp):
     return names
 
 
-def main():
+def main(argv=None):
+    parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         names = prose_files(tmp)
         out = io.StringIO()
