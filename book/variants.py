@@ -766,7 +766,9 @@ def indexer_kl(weights, scores, allowed):
     sparse training. The target p is detached: the loss trains only what the scores
     (B, T, T_k) depend on, the indexer alone when its input is detached."""
     check_allowed(scores, allowed)
-    check_floats(weights=weights.detach())
+    check_floats(weights=weights)
+    if (weights < 0).any():
+        raise ValueError("weights must be >= 0: they are attention weights")
     B, T, T_k = scores.shape
     check_shape(weights, "weights", B=B, H=None, T=T, T_k=T_k)
     if weights.dtype != scores.dtype:

@@ -138,6 +138,27 @@ def test_vs_mha_pairs_each_seed_with_mhas_own(monkeypatch):
     val |= {"gqa": 1.95, "gqa_seed1": 1.86, "gqa_seed2": 1.87, "cla": 1.7}
     val |= {"mqa": 1.91, "mqa_seed1": 1.83}
     monkeypatch.setattr(ch12, "val", val, raising=False)
-    assert ch12.vs_mha("gqa") == pytest.approx([0.05, 0.06, 0.02])
-    assert ch12.vs_mha("mqa") == pytest.approx([0.01, 0.03])
-    assert ch12.vs_mha("cla") == pytest.approx([-0.2])
+    assert ch12.vs_mha("gqa") == pytest.approx({0: 0.05, 1: 0.06, 2: 0.02})
+    assert ch12.vs_mha("mqa") == pytest.approx({0: 0.01, 1: 0.03})
+    assert ch12.vs_mha("cla") == pytest.approx({0: -0.2})
+
+
+def test_vs_mha_pairs_by_seed_when_a_seed_is_missing(monkeypatch):
+    """A variant trained from seeds 0 and 2 only: its seed 2 is paired with
+    MHA's seed 2 (2.00 - 1.85), not with MHA's second run, seed 1."""
+    val = {"mha": 1.9, "mha_seed1": 1.8, "mha_seed2": 1.85}
+    val |= {"gqa": 1.95, "gqa_seed2": 2.0}
+    monkeypatch.setattr(ch12, "val", val, raising=False)
+    assert dict(ch12.vs_mha("gqa")) == pytest.approx({0: 0.05, 2: 0.15})
+
+
+def test_t_interval_and_t_quantile_refuse_what_is_not_a_number():
+    """A NaN, an infinity or a non-number among the differences, or a p that
+    is no number, is named in a ValueError (not AttributeError, TypeError
+    or a NaN interval)."""
+    for diffs in ([float("nan"), 1.0], [0.01, float("inf")], [0.01, "x"]):
+        with pytest.raises(ValueError, match="must be finite numbers"):
+            ch12.t_interval(diffs)
+    for p in ("x", None, float("nan"), [0.975]):
+        with pytest.raises(ValueError, match="0 < p < 1"):
+            ch12.t_quantile(p, 1)

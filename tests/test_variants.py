@@ -983,6 +983,26 @@ def test_top_k_and_the_kl_refuse_bad_masks_and_scores():
         v.indexer_kl(weights, scores, no_key)
 
 
+def test_indexer_kl_refuses_weights_not_a_tensor_or_negative():
+    """The weights are checked before they are used: NumPy, None or a list
+    is named as not a tensor (no AttributeError from .detach()); negative
+    weights whose rows still sum above 0 are refused, where xlogy would
+    return NaN."""
+    T = 4
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(1, T, T, dtype=torch.float64, generator=gen)
+    weights = torch.softmax(scores.masked_fill(~causal, -torch.inf), -1)
+    weights = weights[:, None].expand(1, 2, T, T).contiguous()
+    for bad in (weights.numpy(), None, weights.tolist()):
+        with pytest.raises(ValueError, match="must be a floating-point torch"):
+            v.indexer_kl(bad, scores, causal)
+    negative = weights.clone()
+    negative[0, 0, 3, 0] = -0.1  # query 3's weights still sum to 1.9 > 0
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        v.indexer_kl(negative, scores, causal)
+
+
 def test_build_variant_refuses_a_bad_vocabulary_or_size():
     for vocab in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="vocab must be"):
