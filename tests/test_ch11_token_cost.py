@@ -11,7 +11,7 @@ import torch
 from conftest import load_chapter
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpt import GPT
+from gpt import GPT, Decoder
 
 ch11 = load_chapter("11_token_cost.ipynb")
 ch10 = load_chapter("10_inference.ipynb")  # its sizes and its work count
@@ -170,3 +170,20 @@ def test_bad_inputs(T, n, nbytes, match):
     dims = {"L": 1, "d": 8, "G": 1, "d_k": 4, "d_ff": 8, "vocab": 5}
     with pytest.raises(ValueError, match=match):
         ch11.cost(T, n, **dims, nbytes=nbytes)
+
+
+def test_batch_step_adds_the_row_mask_and_scatter_writes_whatever_B():
+    """A BatchCache step runs one list of operations for every B; against a
+    StaticCache step it adds the per-row mask and the scatter writes, and
+    writes no slice (the counts the chapter prints for its own model)."""
+    for seed in (3, 8):
+        model = model_of(next(random_configs(1, seed=seed)))
+        decoder = Decoder(model, 12)
+        steps = [ch11.decoder_operations(decoder, B) for B in (1, 3, 7)]
+        assert steps[0] == steps[1] == steps[2]
+        static = ch11.op_names(ch11.decoder_operations(decoder))
+        batch = ch11.op_names(steps[0])
+        layers = len(model.blocks)
+        assert batch["scatter_"] == 3 * layers and static["scatter_"] == 0
+        assert batch["where"] == layers and static["where"] == 0
+        assert static["copy_"] == 2 * layers and batch["copy_"] == 0
