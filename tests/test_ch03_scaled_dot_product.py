@@ -429,3 +429,9 @@ def test_on_ramp(ch03_run):
     assert torch.equal(
         torch.randn(3, generator=torch.Generator().manual_seed(0)), a
     )
+
+
+def test_saturation_curve_refuses_no_multipliers(ch03):
+    scores = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="at least one multiplier"):
+        ch03.saturation_curve(scores, [])

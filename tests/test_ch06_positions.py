@@ -839,3 +839,18 @@ def test_source_check_sees_a_stale_output(monkeypatch):
     monkeypatch.setattr(inspect, "getsource", lambda obj: stale)
     with pytest.raises(AssertionError, match="stored output differs"):
         test_chapter_prints_the_module_source("attend")
+
+
+def test_empty_strings_and_no_blanks_raise_value_error(ch):
+    """No blank: the accuracy on the blanks is 0/0; T = 0: no string."""
+    x = ch.encode("5381")  # digits only
+    y = ch.forward_fill(x)
+    with pytest.raises(ValueError, match="no blank"):
+        ch.position_free_ceiling(x, y)
+    model = ch.FillModel("none").double()
+    with pytest.raises(ValueError, match="no blank"):
+        ch.accuracy(model, x, y)
+    with pytest.raises(ValueError, match="T >= 1"):
+        ch.make_batch(2, 0, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="T >= 1"):
+        ch.forward_fill(torch.zeros(2, 0, dtype=torch.long))

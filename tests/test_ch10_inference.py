@@ -662,3 +662,27 @@ def test_chapter_uses_the_module_and_defines_none_again(name):
         for node in ast.walk(ast.parse(code)):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 assert node.name != name
+
+
+def test_sampling_refuses_bad_top_k_and_nan_logits():
+    logits = torch.tensor([[0.1, 3.0, 2.0, -1.0, 2.5]])
+    for bad in (2.5, True, False, "2"):
+        with pytest.raises(ValueError, match="top_k must be an int"):
+            ch10.sample_next(logits, 1.0, top_k=bad)
+    nan = torch.tensor([[0.0, float("nan"), 1.0]])
+    for temperature in (0, 1.0):
+        with pytest.raises(ValueError, match="NaN"):
+            ch10.sample_next(nan, temperature)
+
+
+def test_generate_zero_and_negative_new_tokens():
+    torch.manual_seed(0)
+    model = ch10.GPT(11, d=16, H=2, layers=1, d_ff=32).eval()
+    prompt = torch.arange(5)
+    for cached in (False, True):
+        tokens, logits = ch10.generate(model, prompt, 0, cached=cached)
+        assert torch.equal(tokens, prompt)
+        assert logits.shape == (0, 11)
+        for bad in (-1, -3):
+            with pytest.raises(ValueError, match="n_new must be >= 0"):
+                ch10.generate(model, prompt, bad, cached=cached)
