@@ -401,6 +401,7 @@ def check_ids(name, ids, vocab):
 def position_losses(logits, y):
     """Cross-entropy (nats, float64) at each position, mean over rows: (T,)."""
     check_floats("logits", logits)
+    check_finite("logits", logits)  # a NaN or inf logit gives a NaN loss
     if logits.dim() != 3 or logits.shape[0] < 1 or logits.shape[-1] < 1:
         raise ValueError(
             f"logits must be (B, T, vocab) with B, vocab >= 1, got "

@@ -472,6 +472,8 @@ def test_stepwise_logits_and_losses_bad_input(model, tokens):
         ((logits.long(), y), "floating-point tensor"),
         ((logits[0], y), r"\(B, T, vocab\)"),
         ((logits[:0], y[:0]), "B, vocab >= 1"),
+        ((logits.index_fill(-1, torch.tensor([0]), float("inf")), y), "NaN"),
+        ((logits * float("nan"), y), "NaN or infinite"),
     ):
         with pytest.raises(ValueError, match=word):
             caches.position_losses(*args)

@@ -172,6 +172,23 @@ def test_bad_inputs(T, n, nbytes, match):
         ch11.cost(T, n, **dims, nbytes=nbytes)
 
 
+@pytest.mark.parametrize(
+    "size, value, match",
+    [
+        ("d_k", float("nan"), "d_k must be an integer"),
+        ("L", -2, "L must be >= 1"),
+        ("d", None, "d must be an integer"),
+        ("G", 0, "G must be >= 1"),
+    ],
+)
+def test_bad_sizes(size, value, match):
+    """A size that is not an integer >= 1 gave NaN, negative or silent
+    numbers, or a TypeError (review R3)."""
+    dims = {"L": 1, "d": 8, "G": 1, "d_k": 4, "d_ff": 8, "vocab": 5}
+    with pytest.raises(ValueError, match=match):
+        ch11.cost(1, 0, **(dims | {size: value}))
+
+
 def test_batch_step_adds_the_row_mask_and_scatter_writes_whatever_B():
     """A BatchCache step runs one list of operations for every B; against a
     StaticCache step it adds the per-row mask and the scatter writes, and
