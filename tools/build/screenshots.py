@@ -1,24 +1,20 @@
 """Write a full-page PNG of every built page, light and dark, into
 _build/screenshots/ (`make screenshots`), to look at the site as a reader does."""
 
-import argparse
+import sys
+from pathlib import Path
 
 from site_browser import HTML, browser, open_page, site_pages
+
+# tools/ holds the shared modules (cli, chapter_loader, measure, ...)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli
 
 OUT = HTML.parent / "screenshots"
 
 
-def parse_args(argv):
-    """--help prints the module's docstring and exits 0; no other options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser.parse_args(argv)
-
-
 def main(argv=None):
-    parse_args(argv)
+    cli.help_only(__doc__, argv)
     if not (HTML / "index.html").is_file():
         raise SystemExit("no built site: run `make book` first")
     OUT.mkdir(parents=True, exist_ok=True)

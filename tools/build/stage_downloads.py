@@ -6,28 +6,22 @@ chapter is executed with nothing around it but what its download holds.
 Usage: python tools/build/stage_downloads.py
 """
 
-import argparse
 import shutil
 import sys
 import zipfile
 from pathlib import Path
+
+# tools/ holds the shared modules (cli, chapter_loader, measure, ...)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 ZIPS = ROOT / "_build" / "html" / "downloads"
 STAGE = ROOT / "_build" / "downloads"
 
 
-def parse_args(argv):
-    """--help prints the module's docstring and exits 0; no other options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser.parse_args(argv)
-
-
 def main(argv=None):
-    parse_args(argv)
+    cli.help_only(__doc__, argv)
     zips = sorted(ZIPS.glob("*.zip"))
     if not zips:
         print(f"stage_downloads: no chapter zips in {ZIPS.relative_to(ROOT)}")

@@ -5,10 +5,14 @@ CONTRIBUTING.md). Blank lines at the ends of a cell are not counted.
 Usage: python tools/check/cell_stats.py [NOTEBOOK ...]
 """
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+# tools/ holds the shared modules (cli, chapter_loader, measure, ...)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = 40
@@ -47,16 +51,5 @@ def main(paths):
     )
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\nUsage")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "notebooks", nargs="*", help="the notebooks (default: every chapter)"
-    )
-    return parser.parse_args(argv)
-
-
 if __name__ == "__main__":
-    main(parse_args().notebooks)
+    main(cli.notebooks(__doc__))

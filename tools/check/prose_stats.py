@@ -9,11 +9,14 @@ each.
 Usage: python tools/check/prose_stats.py [NOTEBOOK ...]
 """
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
+
+# tools/ holds the shared modules (cli, chapter_loader, measure, ...)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 WORD = re.compile(r"[A-Za-z]+")
@@ -84,16 +87,5 @@ def main(paths):
     return 0 if ok else 1
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\nUsage")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "notebooks", nargs="*", help="the notebooks (default: every chapter)"
-    )
-    return parser.parse_args(argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main(parse_args().notebooks))
+    sys.exit(main(cli.notebooks(__doc__)))

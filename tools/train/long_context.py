@@ -21,7 +21,6 @@ one token per call: "float32" (the growing KVCache) and "int8 token",
 Usage: python tools/train/long_context.py
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli
 from chapter_loader import BOOK  # puts book/ on the path
 from stored_models import load_gpt, setup
 
@@ -125,8 +125,5 @@ def main():
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(  # no options: --help only, before any work
-        description=__doc__.split("\n\nUsage")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args()
+    cli.help_only(__doc__)  # no options: --help only, before any work
     main()

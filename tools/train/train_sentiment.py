@@ -20,7 +20,6 @@ both and checks that the weights reproduce the log.
 Usage: python tools/train/train_sentiment.py
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from threadpoolctl import threadpool_limits
 
 # tools/ holds the shared modules (chapter_loader, measure, stored_models)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli
 from chapter_loader import BOOK, load_chapter
 from measure import Stopwatch
 
@@ -126,8 +126,5 @@ def main():
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(  # no options: --help only, before any work
-        description=__doc__.split("\n\nUsage")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args()
+    cli.help_only(__doc__)  # no options: --help only, before any work
     main()
