@@ -500,6 +500,9 @@ def test_benchmark_script_runs_end_to_end(bench, ch08, tmp_path, capsys):
     for table in (df, ablation, tiles):
         assert record <= set(table)
     assert {"ratio_lo", "ratio_hi", "interval"} <= set(ablation)
+    for table in (df, ablation):  # the tiles and levers the fast one ran
+        assert (table["fast_tile"] == str(ch08.FAST_TILE)).all()
+        assert (table["fast_levers"] == str(ch08.LEVERS)).all()
     out = capsys.readouterr().out
     assert re.search(
         r"fast tiled \(ours\), causal / SDPA throughput \d+\.\d\d by median "

@@ -90,7 +90,7 @@ def main(settings):
         return
     chapter = load_chapter()
     clock = (settings.main or settings.ablation or settings.tiles).clock
-    info = machine_columns(settings.problem, clock)
+    info = machine_columns(settings.problem, clock, chapter)
     print(
         f"{info['machine']}; torch {info['torch']}, numpy {info['numpy']}, "
         f"{settings.problem.threads} thread(s); OPENBLAS_CORETYPE="

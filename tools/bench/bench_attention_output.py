@@ -8,18 +8,30 @@ import numpy as np
 from bench_attention_programs import NAIVE, PROGRAMS, SDPA
 
 
-def machine_columns(problem, clock):
+def machine_columns(problem, clock, chapter=None):
     """The columns every row carries: the machine and the date
-    (tools/measure.py's record), numpy's version, the clock, the problem."""
-    return measure.machine(problem.threads) | {
-        "numpy": np.__version__,
-        "clock": clock,
-        "d": problem.d,
-        "heads": problem.heads,
-        "batch": problem.batch,
-        "block_q": problem.block_q,
-        "block_k": problem.block_k,
-    }
+    (tools/measure.py's record), numpy's version, the clock, the problem,
+    and the tiles and levers the chapter's fast program runs with
+    (FAST_TILE, LEVERS; block_q and block_k are the simple program's)."""
+    fast = {}
+    if chapter is not None:
+        fast = {
+            "fast_tile": str(chapter.FAST_TILE),
+            "fast_levers": str(chapter.LEVERS),
+        }
+    return (
+        measure.machine(problem.threads)
+        | fast
+        | {
+            "numpy": np.__version__,
+            "clock": clock,
+            "d": problem.d,
+            "heads": problem.heads,
+            "batch": problem.batch,
+            "block_q": problem.block_q,
+            "block_k": problem.block_k,
+        }
+    )
 
 
 def write_csv(rows, path):
