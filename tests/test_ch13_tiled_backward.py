@@ -55,8 +55,9 @@ def test_autograd_cannot_follow_fast_attention():
 
 
 def test_lazy_reference_and_exp_each_move_the_output():
-    """Cells 35-36: against SDPA, our tiles differ by the orders alone once
-    `exp` and the maximum are used, and each of the two levers moves ours."""
+    """As in the chapter's comparison with SDPA: our tiles with `exp` and the
+    maximum differ from SDPA by the orders alone; each of the two levers
+    (base2, lazy) moves ours."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = torch.randn(3, 1, 2, 64, 8, generator=gen, dtype=torch.float64)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
