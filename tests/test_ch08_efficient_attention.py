@@ -322,6 +322,8 @@ def test_running_max_and_sum_invariant(ch08):
         ([[1.0], [np.inf]], r"\+inf"),
         ([[1.0], []], "at least one score"),
         ([np.zeros((2, 3)), np.zeros((3, 3))], "leading shape"),
+        ([[1j, 2.0]], "real numbers, got complex"),
+        ([[1.0], ["2"]], "real numbers"),
     ],
 )
 def test_online_softmax_rejects_bad_streams(ch08, chunks, message):

@@ -46,6 +46,29 @@ def test_naive_equals_sdpa():
     assert_close(ch13.naive(q, k, v), expected, rtol=0, atol=1e-14)
 
 
+def test_autograd_cannot_follow_fast_attention():
+    """The chapter's opening claim: chapter 8's program writes its tiles with
+    out=, which autograd refuses, so a backward pass of its own is needed."""
+    q = torch.ones(1, 1, 5, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"out=\.\.\. arguments don't"):
+        flash.fast_attention(q, q, q).sum().backward()
+
+
+def test_lazy_reference_and_exp_each_move_the_output():
+    """As in the chapter's comparison with SDPA: our tiles with `exp` and the
+    maximum differ from SDPA by the orders alone; each of the two levers
+    (base2, lazy) moves ours."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(3, 1, 2, 64, 8, generator=gen, dtype=torch.float64)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    runs = [
+        flash.fast_attention(q, k, v, True, levers={"base2": b, "lazy": lz})
+        for b, lz in [(True, True), (False, True), (False, False)]
+    ]
+    for a, b in [(runs[0], runs[1]), (runs[1], runs[2]), (runs[2], sdpa)]:
+        assert 0 < (a - b).abs().max() < 1e-14
+
+
 @pytest.mark.parametrize("by_keys", [False, True])
 def test_draw_order_numbers_each_tile_where_it_lies(by_keys):
     """Tile number n is written at the n-th tile's (key block, query block),
