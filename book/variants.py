@@ -723,8 +723,9 @@ def indexer_scores(q_I, w_I, k_I):
 
 def check_allowed(scores, allowed):
     """Raise ValueError unless scores is a floating-point (B, T, T_k)
-    tensor without NaN, with at least one key if it has a query, and
-    allowed a boolean mask of shape (T, T_k) or (B, T, T_k)."""
+    tensor of finite numbers (no NaN, no infinity), with at least one key
+    if it has a query, and allowed a boolean mask of shape (T, T_k) or
+    (B, T, T_k)."""
     if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
         raise ValueError("scores must be a floating-point torch tensor")
     if scores.dim() != 3 or (scores.shape[-1] == 0 and scores.shape[1] > 0):
@@ -732,8 +733,8 @@ def check_allowed(scores, allowed):
             f"scores must have shape (B, T, T_k) with T_k >= 1 keys, got "
             f"{tuple(scores.shape)}"
         )
-    if scores.isnan().any():
-        raise ValueError("scores contain NaN")
+    if not scores.isfinite().all():
+        raise ValueError("scores contain NaN or an infinity")
     if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool:
         raise ValueError("allowed must be a boolean torch tensor")
     if tuple(allowed.shape) not in (scores.shape[1:], scores.shape):

@@ -153,12 +153,19 @@ def test_vs_mha_pairs_by_seed_when_a_seed_is_missing(monkeypatch):
 
 
 def test_t_interval_and_t_quantile_refuse_what_is_not_a_number():
-    """A NaN, an infinity or a non-number among the differences, or a p that
-    is no number, is named in a ValueError (not AttributeError, TypeError
-    or a NaN interval)."""
-    for diffs in ([float("nan"), 1.0], [0.01, float("inf")], [0.01, "x"]):
+    """A NaN, an infinity, a bool or a non-number among the differences,
+    differences that are no list, a level that is no number in (0, 1), or
+    a p that is no number, is named in a ValueError (not AttributeError,
+    TypeError, a NaN interval or one of zero width)."""
+    bad_diffs = ([float("nan"), 1.0], [0.01, float("inf")], [0.01, "x"])
+    bad_diffs += ([True, False], [0.01, True], None, "ab", {1: 2, 3: 4})
+    for diffs in bad_diffs:
         with pytest.raises(ValueError, match="must be finite numbers"):
             ch12.t_interval(diffs)
+    for level in ("x", None, 0, 1, -0.5, True, float("nan"), [0.95]):
+        with pytest.raises(ValueError, match="0 < level < 1"):
+            ch12.t_interval([0.01, 0.02], level)
+    assert ch12.t_interval((0.01, 0.03), 0.5)[3] == 1  # a tuple is fine
     for p in ("x", None, float("nan"), [0.975]):
         with pytest.raises(ValueError, match="0 < p < 1"):
             ch12.t_quantile(p, 1)

@@ -958,8 +958,10 @@ def test_top_k_and_the_kl_refuse_bad_masks_and_scores():
     weights = weights[:, None].expand(2, 3, T, T)
     assert v.top_k_mask(scores[:, :0], causal[:0], 2).shape == (2, 0, T)
     assert v.indexer_kl(weights[:, :, :0], scores[:, :0], causal[:0]) == 0
-    nan = scores.clone()
+    nan, inf, minus_inf = scores.clone(), scores.clone(), scores.clone()
     nan[0, 0, 0] = float("nan")
+    inf[0, 1, 1] = float("inf")  # the KL would be NaN, top-k keep it silently
+    minus_inf[0, 1, 1] = float("-inf")  # the KL would be inf
     for s, allowed, message in [
         (scores, causal.double(), "allowed must be a boolean"),
         (scores, causal[:-1], r"allowed must have shape \(T, T_k\)"),
@@ -967,6 +969,8 @@ def test_top_k_and_the_kl_refuse_bad_masks_and_scores():
         (scores[0], causal, r"scores must have shape \(B, T, T_k\)"),
         (scores[..., :0], causal[:, :0], "scores must have shape"),
         (nan, causal, "scores contain NaN"),
+        (inf, causal, "scores contain NaN or an infinity"),
+        (minus_inf, causal, "scores contain NaN or an infinity"),
         (scores.long(), causal, "scores must be a floating-point"),
     ]:
         with pytest.raises(ValueError, match=message):
