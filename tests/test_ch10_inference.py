@@ -686,3 +686,24 @@ def test_generate_zero_and_negative_new_tokens():
         for bad in (-1, -3):
             with pytest.raises(ValueError, match="n_new must be >= 0"):
                 ch10.generate(model, prompt, bad, cached=cached)
+
+
+def test_generate_refuses_a_non_integer_count_and_an_empty_prompt():
+    """n_new of 2.5, "3", None or True, and an empty prompt, are
+    ValueErrors that name the problem, not a TypeError or IndexError."""
+    torch.manual_seed(0)
+    model = ch10.GPT(11, d=16, H=2, layers=1, d_ff=32).eval()
+    for cached in (False, True):
+        for bad in (2.5, "3", None, True):
+            with pytest.raises(ValueError, match="n_new must be >= 0"):
+                ch10.generate(model, torch.arange(5), bad, cached=cached)
+        with pytest.raises(ValueError, match="empty"):
+            ch10.generate(model, torch.arange(0), 3, cached=cached)
+
+
+def test_sampling_refuses_a_temperature_that_is_not_a_real_number():
+    logits = torch.tensor([[0.1, 3.0, 2.0, -1.0, 2.5]])
+    for bad in (None, "1", True, False, 1j):
+        with pytest.raises(ValueError, match="temperature must be a real"):
+            ch10.sample_next(logits, bad)
+    assert ch10.sample_next(logits, 0).item() == 1  # ints are real numbers
