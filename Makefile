@@ -55,7 +55,8 @@ help:
 	@echo "                    tiles, two threads), ch10 (training, generation), ch11 (prefill, decode,"
 	@echo "                    bandwidth, static cache, decode levers, batching, speculative decoding),"
 	@echo "                    ch12 (decoding speed of each variant), ch13 (tiled forward and backward"
-	@echo "                    against SDPA, ablation, profile, training); RUN=k appends the rows to the"
+	@echo "                    against SDPA, ablation, profile, training), ch17 (ring attention: time per"
+	@echo "                    rank and split, overlap, peak memory); RUN=k appends the rows to the"
 	@echo "                    tables with run = k (an independent repeat) instead of replacing them"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
 	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
@@ -174,10 +175,13 @@ outputs: $(STAMP)
 #   its own cache (tools/bench/bench_variants.py);
 # - ch13: chapter 13's tiled forward and backward against SDPA, its ablation,
 #   where the time goes (a profile) and 200 steps of training through each
-#   (tools/bench/bench_flash.py).
+#   (tools/bench/bench_flash.py);
+# - ch17: chapter 17's ring attention across processes: each rank's CPU time
+#   per split, the overlap of sending and computing, and peak memory per
+#   rank for T = 4096 ... 65536 (tools/bench/bench_ring.py).
 PART ?=
 RUN ?=
-BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13
+BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13 ch17
 BENCH_PY := $(if $(RUN),BENCH_RUN=$(RUN) )$(BIN)/python tools/bench
 BENCH_ch07 := $(BENCH_PY)/bench_sentiment.py
 BENCH_ch08 := $(BENCH_PY)/bench_attention.py && $(BENCH_PY)/bench_attention.py \
@@ -188,6 +192,7 @@ BENCH_ch11 := $(BENCH_PY)/bench_token_cost.py && $(BENCH_PY)/bench_static.py \
 	&& $(BENCH_PY)/bench_speculative.py
 BENCH_ch12 := $(BENCH_PY)/bench_variants.py
 BENCH_ch13 := $(BENCH_PY)/bench_flash.py
+BENCH_ch17 := $(BENCH_PY)/bench_ring.py
 bench: $(STAMP)
 	@test -z "$(filter-out $(BENCH_PARTS),$(PART))" || { \
 	  echo "make: unknown PART '$(filter-out $(BENCH_PARTS),$(PART))'; the parts: $(BENCH_PARTS)" >&2; exit 2; }
