@@ -39,6 +39,7 @@ import traceback
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.autograd.function import once_differentiable
 
 from flash import fast_attention, flash_backward
@@ -557,7 +558,7 @@ class RankPool:
 
     def __init__(self, P=4, timeout=30.0, start_method="forkserver", threads=1):
         check_pool(P, timeout, threads)
-        ctx = torch.multiprocessing.get_context(start_method)
+        ctx = mp.get_context(start_method)
         if start_method == "forkserver":  # torch imported once, then forks
             ctx.set_forkserver_preload(["ring"])
         self.P, self.timeout, self.closed = P, timeout, False

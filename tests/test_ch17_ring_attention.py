@@ -5,6 +5,8 @@ F.scaled_dot_product_attention (SDPA) and its autograd, and against counts
 made here from the positions alone, on shapes the chapter never prints."""
 
 import math
+import socket
+import sys
 from unittest import mock
 
 import pytest
@@ -340,3 +342,17 @@ def test_pack_and_unpack_carry_tensors_through_a_queue():
     back = ring.unpack(ring.pack(obj))
     assert torch.equal(back[0], X) and back[1] == [1, "tensor"]
     assert torch.equal(back[2]["a"], X[0])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux names it lo")
+def test_the_ranks_talk_over_the_loopback_interface():
+    assert ring.loopback() == "lo"
+    port = ring.free_port()
+    assert 1024 <= port < 65536
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: nobody listens there
+
+
+def test_peak_memory_is_read_in_bytes(pool):
+    peaks = pool.run(ring.peak_rss, [()] * 4)
+    assert all(p > 50e6 and p % 1024 == 0 for p in peaks)  # torch is loaded
