@@ -448,6 +448,8 @@ def ulysses_bytes(T, P, batch, H, d_k, d_v, itemsize=8):
     tokens for the other ranks' heads, then the other ranks' tokens of its
     heads' output."""
     rows = [len(p) for p in split_positions(T, P, "contiguous")]
+    if H % P:
+        raise ValueError(f"Ulysses needs H divisible by P: H = {H}, P = {P}")
     per = math.prod(batch) * (H // P) * itemsize  # per token and head group
     return [
         (P - 1) * n * per * (2 * d_k + d_v) + (T - n) * per * d_v
