@@ -496,10 +496,15 @@ def unpack(obj):
     return obj
 
 
-def serve(rank, P, port, timeout, threads, tasks, results):
+def serve(rank, P, port, timeout, threads, tasks, results, quiet=True):
     """One rank: join the group, make the groups of the first 1 .. P - 1
     ranks, then run each (function, n, args) sent until None arrives or
-    the parent is gone; always leave the group."""
+    the parent is gone; always leave the group. quiet: the rank's own
+    output (gloo's messages) goes to /dev/null, not to the parent's."""
+    if quiet:  # in a notebook they would land in whichever cell runs
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
     os.environ["GLOO_SOCKET_IFNAME"] = loopback()  # loopback only
     torch.set_num_threads(threads)
     parent = os.getppid()
@@ -556,9 +561,13 @@ class RankPool:
     timeout + GRACE seconds, closes the pool and raises RankError. The
     processes exit on close(), at the end of a `with` block, or when their
     parent is gone.
+    quiet=False lets the ranks print to the parent's output.
     """
 
-    def __init__(self, P=4, timeout=30.0, start_method="forkserver", threads=1):
+    def __init__(
+        self, P=4, timeout=30.0, start_method="forkserver", threads=1,
+        quiet=True,
+    ):  # fmt: skip
         check_pool(P, timeout, threads)
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":  # torch imported once, then forks
@@ -570,7 +579,7 @@ class RankPool:
         self.processes = [
             ctx.Process(
                 target=serve,
-                args=(r, P, port, timeout, threads, self.tasks[r], self.results),
+                args=(r, P, port, timeout, threads, self.tasks[r], self.results, quiet),
                 daemon=True,
             )
             for r in range(P)
