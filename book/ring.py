@@ -571,7 +571,7 @@ class RankPool:
         check_pool(P, timeout, threads)
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":  # torch imported once, then forks
-            ctx.set_forkserver_preload(["ring"])
+            ctx.set_forkserver_preload(["torch", "ring"])  # ring if found
         self.P, self.timeout, self.closed = P, timeout, False
         port = free_port()
         self.results = ctx.Queue()
