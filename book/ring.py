@@ -486,8 +486,8 @@ def pack(obj):
 
 def unpack(obj):
     """The inverse of pack."""
-    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "tensor":
-        if isinstance(obj[1], np.ndarray):
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], np.ndarray):
+        if isinstance(obj[0], str) and obj[0] == "tensor":
             return torch.from_numpy(obj[1])
     if isinstance(obj, (list, tuple)):
         return type(obj)(unpack(x) for x in obj)
