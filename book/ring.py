@@ -132,6 +132,7 @@ def rank_pieces(T, P, split, rank):
 
 def split_positions(T, P, split="contiguous"):
     """The positions of the tokens each of the P ranks holds (P lists)."""
+    check_split(T, P, split)
     return [
         [t for piece in rank_pieces(T, P, split, rank) for t in range(*piece)]
         for rank in range(P)
@@ -152,7 +153,9 @@ def block_plan(q_pieces, k_pieces, causal):
             # query i at a0 + s i sees key j at b0 + s j iff j <= i + o
             o = (a0 - b0) // s
             if not causal or o >= n_k - 1:  # every key before every query
-                plan.append((row, row + n_q, col, col + n_k, False, 0, n_q * n_k))
+                plan.append(
+                    (row, row + n_q, col, col + n_k, False, 0, n_q * n_k)
+                )
             elif o + n_q - 1 >= 0:  # the last query sees a key
                 r0 = max(0, -o)  # earlier queries see none of these keys
                 seen = sum(min(max(i + o + 1, 0), n_k) for i in range(n_q))
@@ -235,7 +238,9 @@ def check_ranks(comm, T, split, causal, Q, K, V, *more):
         "problem": problem,
         "settings": (T, split, causal),
         "batch": tuple(Q.shape[:-2]) if problem is None else None,
-        "sizes": (Q.shape[-1], V.shape[-1], str(Q.dtype)) if not problem else None,
+        "sizes": (Q.shape[-1], V.shape[-1], str(Q.dtype))
+        if not problem
+        else None,
         "rows": Q.shape[-2] if problem is None else None,
         "more": [tuple(t.shape) for t in more] if problem is None else None,
     }
@@ -404,15 +409,19 @@ def heads_of_all(comm, X, rows):
     send = X.reshape(*batch, P, g, n, d).movedim(-4, 0).contiguous()
     per = math.prod(batch) * g * d  # numbers per token and head group
     recv = X.new_empty(sum(rows) * per)
-    comm.all_to_all(recv, send.reshape(-1), [r * per for r in rows], [n * per] * P)
+    comm.all_to_all(
+        recv, send.reshape(-1), [r * per for r in rows], [n * per] * P
+    )
     parts = recv.split([r * per for r in rows])
-    return torch.cat([p.reshape(*batch, g, r, d) for p, r in zip(parts, rows)], -2)
+    return torch.cat(
+        [p.reshape(*batch, g, r, d) for p, r in zip(parts, rows)], -2
+    )
 
 
 def tokens_of_all(comm, Y, rows):
     """(..., H / P, T, d) -> (..., H, rows[rank], d): the inverse of
     heads_of_all."""
-    *batch, g, T, d = Y.shape
+    *batch, g, _, d = Y.shape
     P, n = comm.P, rows[comm.rank]
     per = math.prod(batch) * g * d
     send = torch.cat([p.reshape(-1) for p in Y.split(rows, dim=-2)])
@@ -439,7 +448,11 @@ def ulysses_forward(Q, K, V, T, causal, group=None):
     C_h = fast_attention(Q_h, K_h, V_h, causal)  # (..., H / P, T, d_v)
     compute = time.thread_time() - start
     C = tokens_of_all(comm, C_h, rows)
-    counted = {"compute": compute, "sent": comm.sent, "received": comm.received}
+    counted = {
+        "compute": compute,
+        "sent": comm.sent,
+        "received": comm.received,
+    }
     return C, counted
 
 
@@ -452,8 +465,7 @@ def ulysses_bytes(T, P, batch, H, d_k, d_v, itemsize=8):
         raise ValueError(f"Ulysses needs H divisible by P: H = {H}, P = {P}")
     per = math.prod(batch) * (H // P) * itemsize  # per token and head group
     return [
-        (P - 1) * n * per * (2 * d_k + d_v) + (T - n) * per * d_v
-        for n in rows
+        (P - 1) * n * per * (2 * d_k + d_v) + (T - n) * per * d_v for n in rows
     ]
 
 
@@ -486,7 +498,11 @@ def pack(obj):
 
 def unpack(obj):
     """The inverse of pack."""
-    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], np.ndarray):
+    if (
+        isinstance(obj, tuple)
+        and len(obj) == 2
+        and isinstance(obj[1], np.ndarray)
+    ):
         if isinstance(obj[0], str) and obj[0] == "tensor":
             return torch.from_numpy(obj[1])
     if isinstance(obj, (list, tuple)):
@@ -579,7 +595,16 @@ class RankPool:
         self.processes = [
             ctx.Process(
                 target=serve,
-                args=(r, P, port, timeout, threads, self.tasks[r], self.results, quiet),
+                args=(
+                    r,
+                    P,
+                    port,
+                    timeout,
+                    threads,
+                    self.tasks[r],
+                    self.results,
+                    quiet,
+                ),
                 daemon=True,
             )
             for r in range(P)
@@ -779,9 +804,14 @@ def ulysses_attention(pool, Q, K, V, P, causal=False):
             f"Ulysses needs H divisible by P: H = {Q.shape[-3]}, P = {P}"
         )
     positions = split_positions(T, P, "contiguous")
-    args = [(Q[..., i, :], K[..., i, :], V[..., i, :], T, causal) for i in positions]
+    args = [
+        (Q[..., i, :], K[..., i, :], V[..., i, :], T, causal)
+        for i in positions
+    ]
     results = pool.run(ulysses_forward, args)
-    return gather([r[0] for r in results], positions, T), [r[1] for r in results]
+    return gather([r[0] for r in results], positions, T), [
+        r[1] for r in results
+    ]
 
 
 class RingAttention(torch.autograd.Function):

@@ -43,7 +43,9 @@ def reference_lse(Q, K, causal):
     E = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
     if causal:
         T = E.shape[-1]
-        E = E.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf)
+        E = E.masked_fill(
+            ~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf
+        )
     return torch.logsumexp(E, dim=-1)
 
 
@@ -68,7 +70,9 @@ def test_merge_of_two_disjoint_key_sets_is_attention_over_both(seed):
 def test_merge_with_nothing_yet_keeps_the_other_part():
     Q, K, V = qkv(6)
     C_2, lse_2 = part(Q, K, V, list(range(6)))
-    C, lse = ring.merge(torch.zeros_like(C_2), torch.full_like(lse_2, -math.inf), C_2, lse_2)
+    C, lse = ring.merge(
+        torch.zeros_like(C_2), torch.full_like(lse_2, -math.inf), C_2, lse_2
+    )
     assert torch.equal(C, C_2) and torch.equal(lse, lse_2)
 
 
@@ -88,7 +92,9 @@ def test_merge_refuses_parts_that_do_not_fit():
 
 
 @pytest.mark.parametrize("split", ring.SPLITS)
-@pytest.mark.parametrize("T, P", [(5, 5), (7, 2), (13, 3), (13, 4), (32, 4), (9, 4)])
+@pytest.mark.parametrize(
+    "T, P", [(5, 5), (7, 2), (13, 3), (13, 4), (32, 4), (9, 4)]
+)
 def test_every_split_gives_each_token_to_one_rank(split, T, P):
     positions = ring.split_positions(T, P, split)
     assert len(positions) == P and all(positions)
@@ -155,7 +161,9 @@ def test_the_splits_refuse_bad_sizes():
 def test_ring_forward_equals_sdpa(pool, P, causal, split):
     Q, K, V = qkv(T_ODD, seed=P)
     C, lse, counted = ring.ring_attention(pool, Q, K, V, P, causal, split)
-    assert_close(C, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), **TOL)
+    assert_close(
+        C, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), **TOL
+    )
     assert_close(lse, reference_lse(Q, K, causal), **TOL)
     scores, blocks = ring.score_counts(T_ODD, P, split, causal)
     assert [c["scores"] for c in counted] == scores
@@ -166,7 +174,9 @@ def test_ring_forward_equals_sdpa(pool, P, causal, split):
 def test_ring_forward_without_overlap_gives_the_same_output(pool, overlap):
     Q, K, V = qkv(10, batch=(2,), d_k=3, d_v=2, seed=7)
     C, _, _ = ring.ring_attention(pool, Q, K, V, 3, True, "zigzag", overlap)
-    assert_close(C, F.scaled_dot_product_attention(Q, K, V, is_causal=True), **TOL)
+    assert_close(
+        C, F.scaled_dot_product_attention(Q, K, V, is_causal=True), **TOL
+    )
 
 
 def test_ring_forward_on_one_rank_and_one_token_per_rank(pool):
@@ -186,14 +196,20 @@ def test_ring_forward_on_one_rank_and_one_token_per_rank(pool):
 def test_ring_backward_equals_sdpa_gradients(pool, P, causal, split):
     Q, K, V = qkv(T_ODD, seed=10 + P, grad=True)
     C = F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
-    dC = torch.randn(C.shape, generator=torch.Generator().manual_seed(P), dtype=C.dtype)
+    dC = torch.randn(
+        C.shape, generator=torch.Generator().manual_seed(P), dtype=C.dtype
+    )
     expected = torch.autograd.grad(C, (Q, K, V), dC)
     Q, K, V = (X.detach() for X in (Q, K, V))
     C, lse, _ = ring.ring_attention(pool, Q, K, V, P, causal, split)
-    *grads, counted = ring.ring_gradients(pool, Q, K, V, C, lse, dC, P, causal, split)
+    *grads, counted = ring.ring_gradients(
+        pool, Q, K, V, C, lse, dC, P, causal, split
+    )
     for got, want in zip(grads, expected):
         assert_close(got, want, **TOL)
-    assert [c["scores"] for c in counted] == ring.score_counts(T_ODD, P, split, causal)[0]
+    assert [c["scores"] for c in counted] == ring.score_counts(
+        T_ODD, P, split, causal
+    )[0]
 
 
 def test_ring_autograd_function_equals_sdpa(pool):
@@ -210,12 +226,20 @@ def test_ring_autograd_function_equals_sdpa(pool):
 
 
 def test_a_gpt_step_through_the_ring_equals_the_one_process_step(pool):
-    data = torch.randint(0, 11, (400,), generator=torch.Generator().manual_seed(0))
+    data = torch.randint(
+        0, 11, (400,), generator=torch.Generator().manual_seed(0)
+    )
     models, losses = [], []
     for attend in (None, ring.ring_backend(pool, 4, "zigzag")):
         torch.manual_seed(0)
-        model = gpt.GPT(11, d=16, H=4, layers=2, d_ff=32, backend="flash").double()
-        patch = mock.patch.object(transformer, "flash_attention", attend or transformer.flash_attention)
+        model = gpt.GPT(
+            11, d=16, H=4, layers=2, d_ff=32, backend="flash"
+        ).double()
+        patch = mock.patch.object(
+            transformer,
+            "flash_attention",
+            attend or transformer.flash_attention,
+        )
         with patch:
             losses.append(gpt.train(model, data, 2, B=2, T=10))
         models.append(model)
@@ -232,7 +256,9 @@ def test_a_gpt_step_through_the_ring_equals_the_one_process_step(pool):
 def test_ulysses_equals_sdpa(pool, P, causal):
     Q, K, V = qkv(T_ODD, batch=(2, 12), seed=20 + P)
     C, counted = ring.ulysses_attention(pool, Q, K, V, P, causal)
-    assert_close(C, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), **TOL)
+    assert_close(
+        C, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), **TOL
+    )
     sent = ring.ulysses_bytes(T_ODD, P, (2,), 12, 5, 7)
     assert [c["sent"] for c in counted] == sent
 
@@ -252,20 +278,30 @@ def test_ulysses_refuses_heads_not_divisible_by_P(pool):
 # --- what travels --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("T, P, split", [(T_ODD, 3, "zigzag"), (16, 4, "contiguous"), (10, 4, "striped")])
+@pytest.mark.parametrize(
+    "T, P, split",
+    [(T_ODD, 3, "zigzag"), (16, 4, "contiguous"), (10, 4, "striped")],
+)
 def test_bytes_sent_and_received_equal_the_formula(pool, T, P, split):
     Q, K, V = qkv(T, batch=(3,), d_k=4, d_v=6, seed=1)
     C, lse, forward = ring.ring_attention(pool, Q, K, V, P, True, split)
     sent = ring.ring_bytes(T, P, split, (3,), 4, 6)
     assert [c["sent"] for c in forward] == sent
     assert [c["received"] for c in forward] == sent[-1:] + sent[:-1]
-    *_, backward = ring.ring_gradients(pool, Q, K, V, C, lse, torch.ones_like(C), P, True, split)
+    *_, backward = ring.ring_gradients(
+        pool, Q, K, V, C, lse, torch.ones_like(C), P, True, split
+    )
     sent_back = ring.ring_bytes(T, P, split, (3,), 4, 6, backward=True)
     assert [c["sent"] for c in backward] == sent_back
     rows = [len(p) for p in ring.split_positions(T, P, split)]
     per_token = 3 * (4 + 6) * 8
-    assert sum(sent) == sum(sum(rows) - rows[(r + 1) % P] for r in range(P)) * per_token
-    assert sum(sent_back) - sum(sent) == P * T * per_token  # every gradient, P hops
+    assert (
+        sum(sent)
+        == sum(sum(rows) - rows[(r + 1) % P] for r in range(P)) * per_token
+    )
+    assert (
+        sum(sent_back) - sum(sent) == P * T * per_token
+    )  # every gradient, P hops
 
 
 def test_ulysses_sends_less_than_the_ring_when_T_is_divisible():
@@ -297,8 +333,15 @@ def test_ring_attention_refuses_bad_input(pool):
 def test_mismatched_shapes_across_ranks_are_named_on_every_rank(pool):
     Q, K, V = qkv(8, batch=(2,))
     rows = ring.split_positions(8, 2)
-    args = [(Q[..., r, :], K[..., r, :], V[..., r, :], 8, "contiguous", True) for r in rows]
-    wide = args[1][:2] + (torch.zeros(2, 4, 9, dtype=torch.float64),) + args[1][3:]
+    args = [
+        (Q[..., r, :], K[..., r, :], V[..., r, :], 8, "contiguous", True)
+        for r in rows
+    ]
+    wide = (
+        args[1][:2]
+        + (torch.zeros(2, 4, 9, dtype=torch.float64),)
+        + args[1][3:]
+    )
     with pytest.raises(ValueError, match="mismatched sizes across ranks"):
         pool.run(ring.ring_forward, [args[0], wide])
     short = tuple(X[..., :3, :] for X in args[1][:3]) + args[1][3:]
@@ -311,7 +354,9 @@ def test_mismatched_shapes_across_ranks_are_named_on_every_rank(pool):
     with pytest.raises(ValueError, match="rank 1: "):
         pool.run(ring.ring_forward, [args[0], bad_K])
     C, _, _ = ring.ring_attention(pool, Q, K, V, 2, True)  # still usable
-    assert_close(C, F.scaled_dot_product_attention(Q, K, V, is_causal=True), **TOL)
+    assert_close(
+        C, F.scaled_dot_product_attention(Q, K, V, is_causal=True), **TOL
+    )
 
 
 def test_a_failing_rank_does_not_leave_the_others_hanging():

@@ -78,10 +78,18 @@ def work(cfg, pool, machine):
             )
             rows.append(
                 measure.row(
-                    columns, timing, machine, part="work", split=split,
-                    P=4, T=cfg.T, rank=rank, scores=scores[rank],
-                    blocks=blocks[rank], rounds=cfg.rounds,
-                )  # fmt: skip
+                    columns,
+                    timing,
+                    machine,
+                    part="work",
+                    split=split,
+                    P=4,
+                    T=cfg.T,
+                    rank=rank,
+                    scores=scores[rank],
+                    blocks=blocks[rank],
+                    rounds=cfg.rounds,
+                )
             )
     return rows
 
@@ -96,16 +104,23 @@ def overlap(cfg, pool, machine):
         for name, on in (("overlap", True), ("no overlap", False))
     }
     timing = measure.interleave(calls, cfg.rounds, threads=2)
-    ratio = measure.ratio_columns(timing.wall["no overlap"], timing.wall["overlap"])
+    ratio = measure.ratio_columns(
+        timing.wall["no overlap"], timing.wall["overlap"]
+    )
     medians = {
         **measure.median_columns("overlap_s", timing.wall["overlap"]),
         **measure.median_columns("no_overlap_s", timing.wall["no overlap"]),
     }
     return [
         measure.row(
-            ratio | medians, timing, machine, part="overlap",
-            split="zigzag", P=2, T=cfg.T,
-        )  # fmt: skip
+            ratio | medians,
+            timing,
+            machine,
+            part="overlap",
+            split="zigzag",
+            P=2,
+            T=cfg.T,
+        )
     ]
 
 
@@ -118,20 +133,32 @@ def memory(cfg, machine):
             with ring.RankPool(P, timeout=600.0) as pool:
                 before = pool.run(ring.peak_rss, [()] * P)
                 timing = measure.interleave(
-                    {"forward": lambda pool=pool, P=P: ring.ring_attention(
-                        pool, Q, K, V, P, True, "zigzag")},
-                    rounds=1, warmup=0, threads=P,
-                )  # fmt: skip
+                    {
+                        "forward": lambda pool=pool, P=P, X=(Q, K, V): (
+                            ring.ring_attention(pool, *X, P, True, "zigzag")
+                        )
+                    },
+                    rounds=1,
+                    warmup=0,
+                    threads=P,
+                )
                 after = pool.run(ring.peak_rss, [()] * P)
             for rank in range(P):
                 rows.append(
                     measure.row(
-                        {}, timing, machine, part="memory", split="zigzag",
-                        P=P, T=T, rank=rank, heads=1,
+                        {},
+                        timing,
+                        machine,
+                        part="memory",
+                        split="zigzag",
+                        P=P,
+                        T=T,
+                        rank=rank,
+                        heads=1,
                         rss_start_bytes=before[rank],
                         rss_peak_bytes=after[rank],
                         qkv_bytes=3 * T // P * D * 4,
-                    )  # fmt: skip
+                    )
                 )
     return rows
 
