@@ -55,7 +55,8 @@ help:
 	@echo "                    tiles, two threads), ch10 (training, generation), ch11 (prefill, decode,"
 	@echo "                    bandwidth, static cache, decode levers, batching, speculative decoding),"
 	@echo "                    ch12 (decoding speed of each variant), ch13 (tiled forward and backward"
-	@echo "                    against SDPA, ablation, profile, training); RUN=k appends the rows to the"
+	@echo "                    against SDPA, ablation, profile, training), ch16 (compiled FlexAttention,"
+	@echo "                    a compiled tiled forward, a compiled decoding step); RUN=k appends the rows to the"
 	@echo "                    tables with run = k (an independent repeat) instead of replacing them"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
 	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
@@ -174,10 +175,16 @@ outputs: $(STAMP)
 #   its own cache (tools/bench/bench_variants.py);
 # - ch13: chapter 13's tiled forward and backward against SDPA, its ablation,
 #   where the time goes (a profile) and 200 steps of training through each
-#   (tools/bench/bench_flash.py).
+#   (tools/bench/bench_flash.py);
+# - ch16: chapter 16's compiled FlexAttention (each kernel's compile time in
+#   an empty inductor cache, its generated C++, its speed against SDPA and
+#   chapter 8's tiled forward, compiled and not, on one thread and two, a
+#   profile) and a compiled decoding step against chapter 11's best eager
+#   one (tools/bench/bench_flex.py; not run as a whole yet: its --quick
+#   run only).
 PART ?=
 RUN ?=
-BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13
+BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13 ch16
 BENCH_PY := $(if $(RUN),BENCH_RUN=$(RUN) )$(BIN)/python tools/bench
 BENCH_ch07 := $(BENCH_PY)/bench_sentiment.py
 BENCH_ch08 := $(BENCH_PY)/bench_attention.py && $(BENCH_PY)/bench_attention.py \
@@ -188,6 +195,7 @@ BENCH_ch11 := $(BENCH_PY)/bench_token_cost.py && $(BENCH_PY)/bench_static.py \
 	&& $(BENCH_PY)/bench_speculative.py
 BENCH_ch12 := $(BENCH_PY)/bench_variants.py
 BENCH_ch13 := $(BENCH_PY)/bench_flash.py
+BENCH_ch16 := $(BENCH_PY)/bench_flex.py
 bench: $(STAMP)
 	@test -z "$(filter-out $(BENCH_PARTS),$(PART))" || { \
 	  echo "make: unknown PART '$(filter-out $(BENCH_PARTS),$(PART))'; the parts: $(BENCH_PARTS)" >&2; exit 2; }
