@@ -16,9 +16,9 @@ T = 4096 (sizes in Config; --quick: QUICK's tiny sizes, written under
   documents, SDPA given the same mask as a dense T x T tensor) give the
   paired ratios SDPA time / program time (above 1: the program is
   faster), with their 95 % interval, on one thread (CPU time) and two
-  (wall time); the compiled tiled forward also against itself uncompiled.
-  Each compiled result is checked in float32 against SDPA's before it is
-  timed. -> book/data/bench_flex.csv (part "kernels").
+  (wall time), each thread count compiling its own kernels; the compiled
+  tiled forward also against itself uncompiled. Each compiled result is
+  checked in float32 against SDPA's before it is timed. -> book/data/bench_flex.csv (part "kernels").
 - code: the C++ that inductor generates for compiled causal FlexAttention
   at the measured shape -> book/data/flex_kernel.txt (the chapter shows an
   excerpt: its fused exponential and row sum).
@@ -210,11 +210,14 @@ def kernel_programs(cfg, Q, K, V):
 
 
 def kernel_rows(cfg, machine_of):
+    """Each thread count compiles its own kernels (inductor's C++ takes
+    the thread count it was generated for) and times them."""
     Q, K, V = inputs(cfg)
-    programs, references = kernel_programs(cfg, Q, K, V)
     rows = []
     for threads in cfg.threads:
         torch.set_num_threads(threads)
+        torch._dynamo.reset()  # no kernel of the other thread count
+        programs, references = kernel_programs(cfg, Q, K, V)
         machine = machine_of(threads)
         calls = {name: p["call"] for name, p in programs.items()}
         timing = measure.interleave(calls, cfg.rounds, warmup=1)
@@ -247,6 +250,7 @@ def kernel_code(cfg):
     """The C++ inductor writes for compiled causal FlexAttention."""
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
+    torch.set_num_threads(1)  # the code of the one-thread kernel
     Q, K, V = inputs(cfg)
     block_mask = create_block_mask(
         flex.causal, None, None, cfg.T, cfg.T, device="cpu"
@@ -285,6 +289,7 @@ def profile_rows(program, call, calls):
 
 def kernel_profile(cfg):
     torch.set_num_threads(1)
+    torch._dynamo.reset()  # compiled for one thread
     Q, K, V = inputs(cfg)
     block_mask = create_block_mask(
         flex.causal, None, None, cfg.T, cfg.T, device="cpu"
@@ -319,6 +324,7 @@ def compiled_step():
 
 def decode_rows(cfg, machine):
     torch.set_num_threads(1)
+    torch._dynamo.reset()
     ch, chars, _, val_data = setup()
     model = load_gpt(ch, len(chars), ch.WEIGHTS[4], context=4096)
     model64 = load_gpt(ch, len(chars), ch.WEIGHTS[4], context=4096).double()
