@@ -354,8 +354,8 @@ def greedy_fixed(decoder, prompt, n_new, step=fixed_step):
     tokens[:P] = prompt
     step_logits = []
     for t in range(P + n_new - 1):
-        pos = torch.tensor(t)
-        logits = step(decoder, tokens[None, t : t + 1], pos, K_buf, V_buf)
+        token = tokens[None, t : t + 1].clone()  # (1, 1), at offset 0
+        logits = step(decoder, token, torch.tensor(t), K_buf, V_buf)
         if t >= P - 1:  # the prompt's last token and every new one
             tokens[t + 1] = logits[0].argmax()
             step_logits.append(logits[0])
