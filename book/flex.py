@@ -289,7 +289,7 @@ def skipped(mask):
     return 100 * (1 - computed / (rows * math.ceil(T_k / mask.BLOCK_SIZE[1])))
 
 
-# --- a decoding step of fixed shape -------------------------------------------
+# --- a decoding step of fixed shape ------------------------------------------
 
 
 def new_buffers(decoder, B=1):

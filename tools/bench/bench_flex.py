@@ -18,7 +18,8 @@ T = 4096 (sizes in Config; --quick: QUICK's tiny sizes, written under
   faster), with their 95 % interval, on one thread (CPU time) and two
   (wall time), each thread count compiling its own kernels; the compiled
   tiled forward also against itself uncompiled. Each compiled result is
-  checked in float32 against SDPA's before it is timed. -> book/data/bench_flex.csv (part "kernels").
+  checked in float32 against SDPA's before it is timed.
+  -> book/data/bench_flex.csv (part "kernels").
 - code: the C++ that inductor generates for compiled causal FlexAttention
   at the measured shape -> book/data/flex_kernel.txt (the chapter shows an
   excerpt: its fused exponential and row sum).
