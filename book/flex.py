@@ -245,10 +245,14 @@ def band_blocks(T_q, T_k, first, last, block=BLOCK):
 def block_counts(mask):
     """(computed, full) blocks of a BlockMask, summed over its rows."""
     if not isinstance(mask, BlockMask):
-        raise ValueError(f"mask must be a BlockMask, got {type(mask).__name__}")
+        raise ValueError(
+            f"mask must be a BlockMask, got {type(mask).__name__}"
+        )
     partial = int(mask.kv_num_blocks.sum())
-    full = 0 if mask.full_kv_num_blocks is None else int(
-        mask.full_kv_num_blocks.sum()
+    full = (
+        0
+        if mask.full_kv_num_blocks is None
+        else int(mask.full_kv_num_blocks.sum())
     )
     return partial + full, full
 
@@ -257,7 +261,9 @@ def tile_kinds(mask):
     """The tiles of a BlockMask's first batch row and head, (rows,
     columns) of tiles: 0 skipped, 1 partial (masked), 2 full."""
     if not isinstance(mask, BlockMask):
-        raise ValueError(f"mask must be a BlockMask, got {type(mask).__name__}")
+        raise ValueError(
+            f"mask must be a BlockMask, got {type(mask).__name__}"
+        )
     rows = mask.kv_num_blocks.shape[-1]
     columns = math.ceil(mask.seq_lengths[1] / mask.BLOCK_SIZE[1])
     kinds = torch.zeros(rows, columns, dtype=torch.long)
@@ -314,7 +320,7 @@ def fixed_step(decoder, tokens, pos, K_buf, V_buf):
     at = pos.view(1)  # (1,): the slot written and the rotation's row
     cos = decoder.cos.index_select(0, at)  # (1, d_k / 2)
     sin = decoder.sin.index_select(0, at)
-    seen = torch.arange(decoder.capacity) <= pos  # (capacity,)
+    seen = torch.arange(decoder.capacity)[None] <= pos  # (1, capacity)
     x = F.embedding(tokens, decoder.embed)  # (B, 1, d)
     for i, (n1w, n1b, Wi, bi, Wo, bo, n2w, n2b, W1, b1, W2, b2) in enumerate(
         decoder.layers
@@ -416,7 +422,9 @@ def check_qkv(Q, K, V):
                 f"pass on a CPU (pass {name}.detach())"
             )
     if not Q.dtype == K.dtype == V.dtype:
-        raise ValueError(f"mixed dtypes: Q {Q.dtype}, K {K.dtype}, V {V.dtype}")
+        raise ValueError(
+            f"mixed dtypes: Q {Q.dtype}, K {K.dtype}, V {V.dtype}"
+        )
     if not Q.shape[:2] == K.shape[:2] == V.shape[:2]:
         raise ValueError(
             f"batch and heads differ: Q {tuple(Q.shape)}, K "

@@ -76,7 +76,10 @@ def test_bucket_bias_is_the_explicit_bias(ch16, H, T):
     table = torch.randn(H, 8, generator=gen, dtype=torch.float64)
     bias = torch.tensor(
         [
-            [[table[h, t5_bucket(i - j, 8, 4, 90)] for j in range(T)] for i in range(T)]
+            [
+                [table[h, t5_bucket(i - j, 8, 4, 90)] for j in range(T)]
+                for i in range(T)
+            ]
             for h in range(H)
         ],
         dtype=torch.float64,

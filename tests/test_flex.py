@@ -28,7 +28,9 @@ def qkv(B=2, H=3, T=37, S=None, d=8, scale=1.0, seed=0):
     S = T if S is None else S
 
     def draw(n):
-        return scale * torch.randn(B, H, n, d, generator=gen, dtype=torch.float64)
+        return scale * torch.randn(
+            B, H, n, d, generator=gen, dtype=torch.float64
+        )
 
     return draw(T), draw(S), draw(S)
 
@@ -49,7 +51,9 @@ def tril(T_q, T_k, diagonal=0):
 def test_causal_is_sdpa_and_chapter_13s(T):
     Q, K, V = qkv(T=T)
     ours = flex.attend(Q, K, V, flex.causal)
-    assert_close(ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), **TOL)
+    assert_close(
+        ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), **TOL
+    )
     assert_close(ours, flash.flash_attention(Q, K, V, causal=True), **TOL)
 
 
@@ -57,7 +61,9 @@ def test_causal_is_sdpa_and_chapter_13s(T):
 def test_bottom_right_is_chapter_13s(T_q, T_k):
     Q, K, V = qkv(T=T_q, S=T_k, seed=1)
     ours = flex.attend(Q, K, V, flex.bottom_right(T_k - T_q))
-    assert_close(ours, flash.flash_attention(Q, K, V, causal="bottom-right"), **TOL)
+    assert_close(
+        ours, flash.flash_attention(Q, K, V, causal="bottom-right"), **TOL
+    )
     assert_close(ours, sdpa(Q, K, V, tril(T_q, T_k, T_k - T_q)), **TOL)
 
 
@@ -66,7 +72,11 @@ def test_sliding_window_is_chapter_10s_mask(w):
     Q, K, V = qkv(seed=2)
     pos = torch.arange(37)
     allowed = allowed_positions(pos, pos, w)  # chapter 10's mask
-    assert_close(flex.attend(Q, K, V, flex.sliding_window(w)), sdpa(Q, K, V, allowed), **TOL)
+    assert_close(
+        flex.attend(Q, K, V, flex.sliding_window(w)),
+        sdpa(Q, K, V, allowed),
+        **TOL,
+    )
 
 
 def test_padding_masks_the_keys_of_each_row():
@@ -89,7 +99,9 @@ def test_sinks_are_what_chapter_11s_sink_cache_holds(s, w):
     cache = caches.SinkCache(s, w, scheme="absolute")  # no rotation of keys
     rows = []
     for i in range(T):
-        keys, values, pos = cache.update(K[..., i : i + 1, :], V[..., i : i + 1, :])
+        keys, values, pos = cache.update(
+            K[..., i : i + 1, :], V[..., i : i + 1, :]
+        )
         seen = allowed_positions(torch.tensor([i]), pos)  # (1, slots)
         rows.append(sdpa(Q[..., i : i + 1, :], keys, values, seen))
     reference = torch.cat(rows, dim=-2)
@@ -101,7 +113,9 @@ def test_prefix_lm_sees_the_whole_prefix(P):
     Q, K, V = qkv(seed=5)
     allowed = tril(37, 37)
     allowed[:, :P] = True
-    assert_close(flex.attend(Q, K, V, flex.prefix_lm(P)), sdpa(Q, K, V, allowed), **TOL)
+    assert_close(
+        flex.attend(Q, K, V, flex.prefix_lm(P)), sdpa(Q, K, V, allowed), **TOL
+    )
 
 
 @pytest.mark.parametrize("lengths", [[5, 12, 1, 19], [37], [1] * 37])
@@ -127,7 +141,9 @@ def test_alibi_is_chapter_14s_bias(H):
     bias = seq2seq.alibi_bias(H, pos, pos)  # (H, T, T): -m_h |i - j|
     causal, _ = seq2seq.attend_biased(Q, K, V, tril(31, 31), bias)
     both, _ = seq2seq.attend_biased(Q, K, V, None, bias)
-    assert_close(flex.attend(Q, K, V, flex.causal, flex.alibi(H)), causal, **TOL)
+    assert_close(
+        flex.attend(Q, K, V, flex.causal, flex.alibi(H)), causal, **TOL
+    )
     symmetric = flex.alibi(H, symmetric=True)
     assert_close(flex.attend(Q, K, V, None, symmetric), both, **TOL)
     # without its causal mask, the paper's bias rewards the later keys
@@ -172,7 +188,8 @@ def dense_count(allowed, block):
 def bands(T_q, T_k):
     """(mask_mod, first, last) of each band mask for T_q x T_k scores."""
     starts = [s for s in (0, 40, 41, 200, 260) if s < T_k]  # documents
-    lengths = [b - a for a, b in zip(starts, starts[1:])] + [T_k - starts[-1]]
+    ends = [*starts[1:], T_k]
+    lengths = [b - a for a, b in zip(starts, ends)]
     doc_start = [max(s for s in starts if s <= i) for i in range(T_q)]
     return {
         "causal": (flex.causal, lambda i: 0, lambda i: i),
@@ -186,7 +203,11 @@ def bands(T_q, T_k):
             lambda i: max(0, i - 99),
             lambda i: i,
         ),
-        "prefix 150": (flex.prefix_lm(150), lambda i: 0, lambda i: max(i, 149)),
+        "prefix 150": (
+            flex.prefix_lm(150),
+            lambda i: 0,
+            lambda i: max(i, 149),
+        ),
         "padding 170": (flex.padding([170]), lambda i: 0, lambda i: 169),
         "documents": (
             flex.documents(lengths) if T_q == T_k else None,
@@ -234,7 +255,9 @@ def test_blocks_of_a_batch_add_up():
 def test_skipped_is_sparsity_when_the_blocks_fit(T):
     mask = flex.block_mask(flex.causal, T, T)
     n = T // 128
-    assert flex.skipped(mask) == pytest.approx(100 * (1 - n * (n + 1) / 2 / n**2))
+    assert flex.skipped(mask) == pytest.approx(
+        100 * (1 - n * (n + 1) / 2 / n**2)
+    )
     assert mask.sparsity() == pytest.approx(flex.skipped(mask))
 
 
@@ -242,9 +265,13 @@ def test_skipped_is_sparsity_when_the_blocks_fit(T):
 def test_sparsity_is_wrong_when_they_do_not(T):
     mask = flex.block_mask(flex.causal, T, T)
     n = math.ceil(T / 128)
-    assert flex.skipped(mask) == pytest.approx(100 * (1 - (n * (n + 1) / 2) / n**2))
+    assert flex.skipped(mask) == pytest.approx(
+        100 * (1 - (n * (n + 1) / 2) / n**2)
+    )
     computed = n * (n + 1) // 2
-    assert mask.sparsity() == pytest.approx(100 * (1 - computed * 128**2 / T**2))
+    assert mask.sparsity() == pytest.approx(
+        100 * (1 - computed * 128**2 / T**2)
+    )
     assert mask.sparsity() < flex.skipped(mask)
 
 
@@ -283,7 +310,9 @@ def test_grid_counts_partial_blocks():
 @pytest.fixture(scope="module", params=[1, 2])
 def decoder(request):
     torch.manual_seed(0)
-    model = gpt.GPT(13, d=16, H=2, layers=2, d_ff=32, G=request.param, context=64)
+    model = gpt.GPT(
+        13, d=16, H=2, layers=2, d_ff=32, G=request.param, context=64
+    )
     return gpt.Decoder(model.double().eval(), capacity=40)
 
 
@@ -301,7 +330,13 @@ def test_fixed_step_keeps_its_shapes(decoder):
     assert K_buf.shape == (2, 1, decoder.G, 40, decoder.d_k)
     with torch.no_grad():
         for t in (0, 1, 39):
-            logits = flex.fixed_step(decoder, torch.tensor([[t % 13]]), torch.tensor(t), K_buf, V_buf)
+            logits = flex.fixed_step(
+                decoder,
+                torch.tensor([[t % 13]]),
+                torch.tensor(t),
+                K_buf,
+                V_buf,
+            )
             assert logits.shape == (1, 13)
     assert K_buf[:, :, :, 2:39].abs().sum() == 0  # slots never written stay 0
     assert K_buf[:, :, :, 39].abs().sum() > 0
@@ -355,7 +390,10 @@ def test_bad_tensors_are_named():
     with pytest.raises(ValueError, match="requires a gradient"):
         flex.attend(Q.requires_grad_(), K, V)
     Q, K, V = qkv(T=4)
-    with pytest.raises(ValueError, match="requires a gradient"), torch.no_grad():
+    with (
+        pytest.raises(ValueError, match="requires a gradient"),
+        torch.no_grad(),
+    ):
         flex.attend(Q, K, V.requires_grad_())
     Q, K, V = qkv(T=4)
     with pytest.raises(ValueError, match="B, H, T, d"):

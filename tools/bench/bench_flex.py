@@ -50,7 +50,7 @@ import argparse
 import shutil
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -147,7 +147,11 @@ def masks(cfg):
         "no mask": (noop_mask, None, False),
         "causal": (flex.causal, None, True),
         f"window {cfg.window}": (window, flex.dense_mask(window, T, T), False),
-        f"{cfg.documents} documents": (docs, flex.dense_mask(docs, T, T), False),
+        f"{cfg.documents} documents": (
+            docs,
+            flex.dense_mask(docs, T, T),
+            False,
+        ),
     }
 
 
@@ -162,7 +166,9 @@ def kernel_programs(cfg, Q, K, V):
     kernels part, compiled (timed) and checked against SDPA in float32."""
     programs, references = {}, {}
     for name, (mask_mod, dense, is_causal) in masks(cfg).items():
-        reference = f"SDPA, {name}" + (" (dense mask)" if dense is not None else "")
+        reference = f"SDPA, {name}" + (
+            " (dense mask)" if dense is not None else ""
+        )
         references[name] = reference
         programs[reference] = {
             "call": partial(sdpa_call, Q, K, V, dense, is_causal),
@@ -192,14 +198,17 @@ def kernel_programs(cfg, Q, K, V):
             causal = name == "causal"
             eager = partial(flash.fast_attention, Q, K, V, causal)
             programs[f"fast tiled (chapter 8), {name}"] = {
-                "call": eager, "mask": name,
+                "call": eager,
+                "mask": name,
             }
             compiled = torch.compile(flash.fast_attention, dynamic=False)
             call = partial(compiled, Q, K, V, causal)
             try:
                 out, wall, cpu = first_call(call)
-            except Exception as error:  # noqa: BLE001  (recorded, not hidden)
-                print(f"fast tiled compiled, {name}: {type(error).__name__}: {error}")
+            except Exception as error:  # recorded, not hidden
+                print(
+                    f"fast tiled compiled, {name}: {type(error).__name__}: {error}"
+                )
                 continue
             gap = (out - expected).abs().max().item()
             programs[f"fast tiled compiled, {name}"] = {
@@ -225,12 +234,18 @@ def kernel_rows(cfg, machine_of):
         clock = timing.cpu if threads == 1 else timing.wall
         for name, p in programs.items():
             reference = references[p["mask"]]
-            against = [reference] + ([p["also_against"]] if "also_against" in p else [])
+            against = [reference] + (
+                [p["also_against"]] if "also_against" in p else []
+            )
             for ref in against:
                 if ref == name:
                     continue
                 comparison = measure.ratio_columns(clock[ref], clock[name])
-                info = {k: v for k, v in p.items() if k not in ("call", "also_against")}
+                info = {
+                    k: v
+                    for k, v in p.items()
+                    if k not in ("call", "also_against")
+                }
                 rows.append(
                     measure.row(
                         comparison, timing, machine, part="kernels",
