@@ -45,6 +45,7 @@ import numbers
 import warnings
 
 import torch
+import torch.nn.attention.flex_attention as flex_module
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import (
     BlockMask,
@@ -199,9 +200,26 @@ def attend(Q, K, V, mask_mod=None, score_mod=None, block=BLOCK):
     if mask_mod is not None:
         B, _, T_q, _ = Q.shape
         mask = block_mask(mask_mod, T_q, K.shape[-2], B, block)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=EAGER_WARNING)
-        return flex_attention(Q, K, V, score_mod=score_mod, block_mask=mask)
+    return eager(Q, K, V, score_mod, mask)
+
+
+def eager(Q, K, V, score_mod, mask):
+    """flex_attention(Q, K, V, score_mod, block_mask=mask) eagerly, without
+    dynamo's trace of the call, which takes a fraction of a second for
+    each new mask_mod or score_mod: PyTorch's debugging switch
+    `_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`, named in the warning it gives
+    in eager mode. The same computation (math_attention: every score, the
+    hooks vmapped), for the forward pass only."""
+    before = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=EAGER_WARNING)
+            return flex_attention(
+                Q, K, V, score_mod=score_mod, block_mask=mask
+            )
+    finally:
+        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
 
 
 def dense_mask(mask_mod, T_q, T_k, B=1):
