@@ -276,8 +276,9 @@ def test_sparsity_is_wrong_when_they_do_not(T):
 
 
 @pytest.mark.parametrize("T", [129, 300, 640])
-def test_tile_kinds_are_the_dense_tiles(T):
-    mask_mod = flex.sinks(3, 150)
+@pytest.mark.parametrize("name", ["sinks", "causal"])  # causal: full tiles
+def test_tile_kinds_are_the_dense_tiles(T, name):
+    mask_mod = flex.sinks(3, 150) if name == "sinks" else flex.causal
     kinds = flex.tile_kinds(flex.block_mask(mask_mod, T, T))
     allowed = flex.dense_mask(mask_mod, T, T)[0, 0]
     n = math.ceil(T / 128)
