@@ -112,7 +112,7 @@ def scores_table(previous, prefix):
 def test_find_heads_and_control(ch15):
     s = scores_table(
         [0.1, 0.2, 0.9, 0.3, 0.95, 0.1, 0.1, 0.1],  # L2H1 is no layer-1 head
-        [0.9, 0.1, 0.1, 0.1, 0.2, 0.8, 0.05, 0.3],  # L1H1 is no layer-2 head
+        [0.9, 0.01, 0.1, 0.1, 0.2, 0.8, 0.05, 0.3],  # L1H1, L1H2: layer 1
     )
     assert ch15.find_heads(s) == ("L1H3", "L2H2")
     ch15.scores = {(2, 7): s}
