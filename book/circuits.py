@@ -46,7 +46,9 @@ def check_tokens(tokens, vocab):
         )
         raise ValueError(f"tokens must be (B, T >= 1) int64 ids, got {got}")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise ValueError(f"a token id is outside the vocabulary 0 ... {vocab - 1}")
+        raise ValueError(
+            f"a token id is outside the vocabulary 0 ... {vocab - 1}"
+        )
 
 
 class AttnOnly(nn.Module):
@@ -79,7 +81,9 @@ class AttnOnly(nn.Module):
         check_tokens(tokens, self.vocab)
         T = tokens.shape[1]
         if T > self.context:
-            raise ValueError(f"{T} tokens exceed the context of {self.context}")
+            raise ValueError(
+                f"{T} tokens exceed the context of {self.context}"
+            )
         return self.W_E[tokens] + self.W_pos[:T]
 
     def pattern(self, layer, x_q, x_k=None):
@@ -135,7 +139,9 @@ def check_heads(model, pairs, name):
         if (
             not isinstance(pair, tuple)
             or len(pair) != 2
-            or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair)
+            or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in pair
+            )
             or not 0 <= pair[0] < model.layers
             or not 0 <= pair[1] < model.H
         ):
@@ -205,7 +211,10 @@ def path_expansion(model, tokens):
     A = model.pattern(0, x)  # (B, H, T, T)
     direct = x @ model.W_U
     heads = torch.stack(
-        [A[:, h] @ x @ ov_matrix(model, 0, h) @ model.W_U for h in range(model.H)]
+        [
+            A[:, h] @ x @ ov_matrix(model, 0, h) @ model.W_U
+            for h in range(model.H)
+        ]
     )
     return direct, heads
 
@@ -316,7 +325,9 @@ def check_weights(weights, tokens):
         raise ValueError("weights must be a tensor (..., T, T)")
     T = weights.shape[-1]
     if weights.shape[-2] != T:
-        raise ValueError(f"weights must be square (..., T, T), got {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must be square (..., T, T), got {tuple(weights.shape)}"
+        )
     if tokens is not None and (
         not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (T,)
     ):
@@ -365,7 +376,11 @@ def copying_score(M):
     as W_E W_OV W_U: sum(lambda) / sum(|lambda|) over its eigenvalues
     (real part of the sum): +1 when every eigenvalue is positive, a head
     that raises the logit of the token it attends to."""
-    if not isinstance(M, torch.Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1]:
+    if (
+        not isinstance(M, torch.Tensor)
+        or M.dim() != 2
+        or M.shape[0] != M.shape[1]
+    ):
         raise ValueError("M must be a square matrix (vocab, vocab)")
     lam = torch.linalg.eigvals(M.double())
     total = lam.abs().sum().item()
@@ -388,7 +403,9 @@ def drop_step(steps, losses, threshold):
     """The first logged step whose loss is below threshold (None if
     never). steps and losses are sequences of one length."""
     if len(steps) != len(losses) or not len(steps):
-        raise ValueError("steps and losses must be non-empty and of one length")
+        raise ValueError(
+            "steps and losses must be non-empty and of one length"
+        )
     for step, loss in zip(steps, losses):
         if not math.isfinite(loss):
             raise ValueError(f"the loss at step {step} is not finite")
@@ -414,7 +431,9 @@ def train_induction(model, steps, seed, B=32, lr=1e-3, every=25):
     check_count("every", every)
     V, T = model.vocab, model.context
     gen = torch.Generator().manual_seed(seed)
-    held = repeated_segments(N_EVAL, T, V, torch.Generator().manual_seed(EVAL_SEED))
+    held = repeated_segments(
+        N_EVAL, T, V, torch.Generator().manual_seed(EVAL_SEED)
+    )
     probe = probe_sequence(T // 2, V, torch.Generator().manual_seed(EVAL_SEED))
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     log, loss = [], float("nan")
@@ -423,8 +442,13 @@ def train_induction(model, steps, seed, B=32, lr=1e-3, every=25):
             ic, other, right, total = in_context_metrics(model, *held)
             with torch.no_grad():
                 _, A = model(probe[None], return_weights=True)
-            row = {"step": step, "train_loss": loss, "in_context_loss": ic,
-                   "other_loss": other, "in_context_acc": right / total}
+            row = {
+                "step": step,
+                "train_loss": loss,
+                "in_context_loss": ic,
+                "other_loss": other,
+                "in_context_acc": right / total,
+            }
             pm, st = prefix_matching(A[0], probe), same_token(A[0], probe)
             for i in range(model.layers):
                 for h in range(model.H):
@@ -459,7 +483,9 @@ def t_interval(values, level=0.95):
     if not isinstance(values, list | tuple) or len(values) not in (2, 3):
         raise ValueError(f"need a list of 2 or 3 values, got {values!r}")
     if not all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
         for v in values
     ):
         raise ValueError(f"values must be finite numbers, got {values!r}")

@@ -97,7 +97,9 @@ def build_recall(name, d, seed):
     """A fresh GPT (vocab VOCAB, H heads, LAYERS layers, d_ff = 2 d) with
     RECALL[name]'s attention, torch seeded by `seed` first."""
     if name not in RECALL:
-        raise ValueError(f"unknown model {name!r}: choose one of {list(RECALL)}")
+        raise ValueError(
+            f"unknown model {name!r}: choose one of {list(RECALL)}"
+        )
     check_count("d", d, H)
     if d % (2 * H):
         raise ValueError(f"d = {d} must be a multiple of 2 H = {2 * H}")
@@ -123,8 +125,12 @@ def train_recall(model, steps, seed, pairs, B=32, lr=1e-3):
     from `pairs` at each step; the loss is the cross-entropy on the
     queried values only. Returns each step's loss."""
     check_count("steps", steps, 0)
-    if not pairs or any(isinstance(n, bool) or not isinstance(n, int) for n in pairs):
-        raise ValueError(f"pairs must be a non-empty list of integers, got {pairs!r}")
+    if not pairs or any(
+        isinstance(n, bool) or not isinstance(n, int) for n in pairs
+    ):
+        raise ValueError(
+            f"pairs must be a non-empty list of integers, got {pairs!r}"
+        )
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []

@@ -80,8 +80,12 @@ def test_logged_last_rows_again(stored):
         prefix, same = closed_form(A[0])  # (layers, H) each
         for i in range(layers):
             for h in range(model.H):
-                assert prefix[i, h] == pytest.approx(last[f"prefix_{i}{h}"], abs=1e-4)
-                assert same[i, h] == pytest.approx(last[f"same_{i}{h}"], abs=1e-4)
+                assert prefix[i, h] == pytest.approx(
+                    last[f"prefix_{i}{h}"], abs=1e-4
+                )
+                assert same[i, h] == pytest.approx(
+                    last[f"same_{i}{h}"], abs=1e-4
+                )
 
 
 def test_head_scores_against_closed_forms(ch15):
@@ -146,8 +150,12 @@ def test_accuracy_is_wilsons(ch15):
     _, _, right, total = circuits.in_context_metrics(model, *ch15.held)
     z, n = 1.959963984540054, total
     centre = (right / n + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(
-        right / n * (1 - right / n) / n + z * z / (4 * n * n)
+    half = (
+        z
+        / (1 + z * z / n)
+        * math.sqrt(right / n * (1 - right / n) / n + z * z / (4 * n * n))
     )
     assert p == right / total
-    assert (low, high) == pytest.approx((centre - half, centre + half), abs=1e-12)
+    assert (low, high) == pytest.approx(
+        (centre - half, centre + half), abs=1e-12
+    )

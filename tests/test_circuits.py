@@ -68,7 +68,9 @@ def test_model_equals_reference(layers):
     model = model_of(layers)
     tokens = tokens_of(model)
     got = model(tokens)
-    torch.testing.assert_close(got, reference_logits(model, tokens), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        got, reference_logits(model, tokens), rtol=0, atol=1e-12
+    )
 
 
 def test_ablation_equals_reference_without_the_heads():
@@ -87,7 +89,9 @@ def test_every_head_ablated_leaves_the_direct_path():
     every = {(i, h) for i in range(2) for h in range(model.H)}
     T = tokens.shape[1]
     direct = (model.W_E[tokens] + model.W_pos[:T]) @ model.W_U
-    torch.testing.assert_close(model(tokens, ablate=every), direct, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        model(tokens, ablate=every), direct, rtol=0, atol=1e-12
+    )
 
 
 def test_key_ablation_changes_only_later_keys():
@@ -154,7 +158,9 @@ def test_in_context_metrics_against_a_loop():
             right_bt = int(logits[b, t].argmax()) == int(y[b, t])
             hits += int(bool(ic[b, t]) and right_bt)
     assert loss == pytest.approx(sum(sums[True]) / len(sums[True]), abs=1e-12)
-    assert other == pytest.approx(sum(sums[False]) / len(sums[False]), abs=1e-12)
+    assert other == pytest.approx(
+        sum(sums[False]) / len(sums[False]), abs=1e-12
+    )
     assert (right, total) == (hits, len(sums[True]))
 
 
@@ -173,7 +179,9 @@ def test_path_expansion_sums_to_the_logits():
     direct, heads = path_expansion(model, tokens)
     assert heads.shape == (2, 3, 6, 13)
     total = direct + heads.sum(0)
-    torch.testing.assert_close(total, reference_logits(model, tokens), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        total, reference_logits(model, tokens), rtol=0, atol=1e-12
+    )
     with pytest.raises(ValueError, match="one-layer"):
         path_expansion(model_of(2), tokens_of(model_of(2)))
 
@@ -226,7 +234,9 @@ def test_scores_on_hand_built_weights():
     uniform = torch.ones(T, T).tril()
     uniform = uniform / uniform.sum(-1, keepdim=True)
     want = sum(1 / (i + 1) for i in (3, 4, 5)) / 3
-    assert prefix_matching(uniform, tokens).item() == pytest.approx(want, abs=1e-7)
+    assert prefix_matching(uniform, tokens).item() == pytest.approx(
+        want, abs=1e-7
+    )
     assert same_token(uniform, tokens).item() == pytest.approx(want, abs=1e-7)
     # a head axis: (2, T, T) gives two scores
     both = prefix_matching(torch.stack([induction, uniform]), tokens)
@@ -293,8 +303,12 @@ def test_train_induction_logs_every_head():
     model = AttnOnly(40, 16, 2, 2, 32)
     log = circuits.train_induction(model, steps=4, seed=0, B=4, every=3)
     assert [r["step"] for r in log] == [0, 3, 4]
-    assert math.isnan(log[0]["train_loss"]) and math.isfinite(log[-1]["train_loss"])
-    assert {f"prefix_{i}{h}" for i in range(2) for h in range(2)} <= set(log[0])
+    assert math.isnan(log[0]["train_loss"]) and math.isfinite(
+        log[-1]["train_loss"]
+    )
+    assert {f"prefix_{i}{h}" for i in range(2) for h in range(2)} <= set(
+        log[0]
+    )
     assert all(0 <= r["in_context_acc"] <= 1 for r in log)
 
 
@@ -337,6 +351,7 @@ def test_t_interval_against_scipy():
 
     for values in ([1.0, 4.0], [250, 300, 475], [0.1, 0.1, 0.4]):
         mean, low, high, df = circuits.t_interval(values)
+        assert mean == pytest.approx(sum(values) / len(values))
         n = len(values)
         sem = stats.sem(values)
         want = stats.t.interval(0.95, n - 1, loc=sum(values) / n, scale=sem)

@@ -84,7 +84,9 @@ def train_one(name, steps):
     )
     OUT.mkdir(exist_ok=True)
     torch.save(model.state_dict(), OUT / f"{name}.pt")
-    rows = [{"name": name, "layers": model.layers, "seed": seed, **r} for r in log]
+    rows = [
+        {"name": name, "layers": model.layers, "seed": seed, **r} for r in log
+    ]
     summary = {
         "name": name,
         "layers": model.layers,
@@ -128,7 +130,9 @@ def train_recall_one(name, steps):
         "wall_s": round(clock.wall, 1),
         "threads": torch.get_num_threads(),
     }
-    accs = ", ".join(f"{r['pairs']}: {r['right'] / r['total']:.2f}" for r in rows)
+    accs = ", ".join(
+        f"{r['pairs']}: {r['right'] / r['total']:.2f}" for r in rows
+    )
     print(
         f"{name}: loss {summary['final_loss']:.3f}; accuracy by pairs {accs}; "
         f"{clock.cpu:.1f} s CPU, {clock.wall:.1f} s wall",
@@ -154,7 +158,11 @@ def main_recall(args):
     acc = pd.DataFrame([r for rows, _ in results for r in rows])
     summary = pd.DataFrame([s for _, s in results])
     for frame in (acc, summary):
-        frame.insert(0, "model", [f"recall_{n}_d{d}" for n, d in zip(frame.name, frame.d)])
+        frame.insert(
+            0,
+            "model",
+            [f"recall_{n}_d{d}" for n, d in zip(frame.name, frame.d)],
+        )
     only = names if args.only else None
     acc = merge(RECALL_ACCURACY, acc, only, "model")
     summary = merge(RECALL_SUMMARY, summary, only, "model")
