@@ -363,3 +363,18 @@ def test_t_interval_against_scipy():
         circuits.t_interval([1.0, math.nan])
     with pytest.raises(ValueError, match="finite"):
         circuits.t_interval([True, 2.0])
+
+
+def test_training_script_merges_into_missing_or_stored_tables(tmp_path):
+    """tools/train/train_circuits.py --only: the first run has no stored
+    table (it crashed on a missing file before merge was used); a later one
+    keeps the other models' rows."""
+    import pandas as pd
+    import train_circuits as tool
+
+    new = pd.DataFrame({"name": ["a"], "x": [1]})
+    path = tmp_path / "log.csv"
+    assert tool.merge(path, new, ["a"], "name").equals(new)
+    pd.DataFrame({"name": ["a", "b"], "x": [0, 2]}).to_csv(path, index=False)
+    merged = tool.merge(path, new, ["a"], "name")
+    assert sorted(zip(merged.name, merged.x)) == [("a", 1), ("b", 2)]

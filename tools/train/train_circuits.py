@@ -193,10 +193,8 @@ def main_induction(args):
     log = pd.DataFrame([row for rows, _ in results for row in rows])
     summary = pd.DataFrame([s for _, s in results])
     if args.only:  # keep the other models' rows
-        log = pd.concat([pd.read_csv(LOG).query("name not in @names"), log])
-        summary = pd.concat(
-            [pd.read_csv(SUMMARY).query("name not in @names"), summary]
-        )
+        log = merge(LOG, log, names, "name")  # no file yet: new rows only
+        summary = merge(SUMMARY, summary, names, "name")
         order = {n: i for i, n in enumerate(MODELS)}
         log = log.sort_values(
             ["name", "step"],
