@@ -8,11 +8,11 @@
   (W_V W_O, what it writes), `circuit_scores`, `circuit_output` and a
   one-layer model's `path_expansion`; `rotation` and `rotary_scores`, the
   position-dependent QK form of chapter 10's rotary attention;
-- induction: `repeated_segments` (sequences in which a random segment
-  occurs twice, at random places), `in_context_metrics`, the head scores
-  `prefix_matching`, `previous_token`, `same_token` and `copying_score`,
-  `train_induction` (the training `make train-circuits` runs) and
-  `drop_step`.
+- induction: `repeated_segments` (n random distinct tokens, n drawn per
+  sequence, then the same n again, then fresh tokens),
+  `in_context_metrics`, the head scores `prefix_matching`,
+  `previous_token`, `same_token` and `copying_score`, `train_induction`
+  (the training `make train-circuits` runs) and `drop_step`.
 """
 
 import math
@@ -266,13 +266,15 @@ def rotary_scores(layer, x, head):
 # The induction task
 
 
-def repeated_segments(B, T, vocab, gen, min_len=8, max_len=16):
+def repeated_segments(B, T, vocab, gen, min_len=16, max_len=32, start=False):
     """B sequences (x, y, in_context), each (B, T): x the input, y the next
     tokens, in_context True where y can be copied from earlier in the
-    sequence. Each sequence of T + 1 tokens holds distinct tokens, except
-    a segment of a random length in [min_len, max_len] that occurs twice,
-    at random starts s and r >= s + length; y at positions r ... r +
-    length - 2 is the segment's next token (known from its first copy)."""
+    sequence. Each sequence of T + 1 tokens is n distinct random tokens,
+    n drawn per sequence from [min_len, max_len], the same n tokens again,
+    then fresh tokens to the end; with start=True, a random number s in
+    [0, T + 1 - 2 n] of fresh tokens comes first. Every token is distinct
+    except for the copy. y at positions s + n ... s + 2 n - 2 is the next
+    token of the copy, known from its first occurrence n tokens back."""
     check_count("B", B)
     check_count("min_len", min_len, 2)
     check_count("max_len", max_len, min_len)
@@ -288,14 +290,15 @@ def repeated_segments(B, T, vocab, gen, min_len=8, max_len=16):
     in_context = torch.zeros(B, T, dtype=torch.bool)
     for b in range(B):
         n = int(torch.randint(min_len, max_len + 1, (), generator=gen))
-        s = int(torch.randint(0, T + 2 - 2 * n, (), generator=gen))
-        r = int(torch.randint(s + n, T + 2 - n, (), generator=gen))
+        s = 0  # where the first copy starts
+        if start:
+            s = int(torch.randint(0, T + 2 - 2 * n, (), generator=gen))
         fresh = torch.randperm(vocab, generator=gen)[: T + 1 - n]
         second = torch.zeros(T + 1, dtype=torch.bool)
-        second[r : r + n] = True
+        second[s + n : s + 2 * n] = True
         seqs[b, ~second] = fresh
-        seqs[b, r : r + n] = seqs[b, s : s + n]
-        in_context[b, r : r + n - 1] = True
+        seqs[b, s + n : s + 2 * n] = seqs[b, s : s + n]
+        in_context[b, s + n : s + 2 * n - 1] = True
     return seqs[:, :-1], seqs[:, 1:], in_context
 
 

@@ -146,7 +146,7 @@ def test_ov_circuit_gives_the_layer_output(layer):
 def test_in_context_metrics_against_a_loop():
     model = model_of(2, vocab=40, context=32)
     gen = torch.Generator().manual_seed(9)
-    x, y, ic = repeated_segments(3, 32, 40, gen)
+    x, y, ic = repeated_segments(3, 32, 40, gen, min_len=4, max_len=12)
     loss, other, right, total = circuits.in_context_metrics(model, x, y, ic)
     logits = model(x)
     sums = {True: [], False: []}
@@ -255,29 +255,43 @@ def test_copying_score_on_known_spectra():
         copying_score(torch.zeros(3, 3))
 
 
-def test_repeated_segments_follow_the_definition():
+def copy_of(seq):
+    """(s, n) of a sequence that is distinct tokens but for one run of n
+    tokens at s repeated at s + n, found from the counts alone."""
+    twice = [j for j, t in enumerate(seq) if seq.count(t) == 2]
+    n = len(twice) // 2
+    return twice[0], n
+
+
+@pytest.mark.parametrize("start", [False, True])
+def test_repeated_segments_follow_the_definition(start):
     gen = torch.Generator().manual_seed(7)
-    x, y, ic = repeated_segments(40, 30, 40, gen, min_len=4, max_len=9)
-    assert x.shape == y.shape == ic.shape == (40, 30)
-    lengths = set()
-    for b in range(40):
+    x, y, ic = repeated_segments(
+        60, 30, 40, gen, min_len=4, max_len=9, start=start
+    )
+    assert x.shape == y.shape == ic.shape == (60, 30)
+    lengths, starts = set(), set()
+    for b in range(60):
         seq = torch.cat([x[b], y[b, -1:]]).tolist()
         assert seq[1:] == y[b].tolist()
-        counts = {t: seq.count(t) for t in seq}
-        twice = sorted(t for t, c in counts.items() if c == 2)
-        assert max(counts.values()) == 2
-        lengths.add(len(twice))
+        assert max(seq.count(t) for t in seq) == 2  # distinct but the copy
+        s, n = copy_of(seq)
+        assert seq[s : s + n] == seq[s + n : s + 2 * n]  # back to back
+        assert len(set(seq[s : s + n])) == n
+        lengths.add(n)
+        starts.add(s)
+        want = [s + n <= t <= s + 2 * n - 2 for t in range(30)]
+        assert ic[b].tolist() == want
         for t in range(30):
             earlier = [j for j in range(t) if seq[j] == seq[t]]
             if ic[b, t]:
-                assert len(earlier) == 1
-                assert y[b, t] == seq[earlier[0] + 1]
-        assert int(ic[b].sum()) == len(twice) - 1
-    assert lengths <= set(range(4, 10)) and len(lengths) > 2
+                assert earlier == [t - n] and y[b, t] == seq[t - n + 1]
+    assert lengths == set(range(4, 10))
+    assert (starts == {0}) != start  # start=True: random starts
 
 
 def test_segment_offsets_vary():
-    """No fixed offset solves the task: the gap between copies varies."""
+    """No fixed offset solves the task: the gap between copies (n) varies."""
     gen = torch.Generator().manual_seed(8)
     x, _, ic = repeated_segments(200, 64, 64, gen)
     gaps = set()
@@ -285,7 +299,7 @@ def test_segment_offsets_vary():
         t = int(ic[b].nonzero()[0])
         j = int((x[b, :t] == x[b, t]).nonzero()[0])
         gaps.add(t - j)
-    assert len(gaps) > 20
+    assert gaps == set(range(16, 33))
 
 
 def test_drop_step():
@@ -300,7 +314,7 @@ def test_drop_step():
 
 def test_train_induction_logs_every_head():
     torch.manual_seed(0)
-    model = AttnOnly(40, 16, 2, 2, 32)
+    model = AttnOnly(64, 16, 2, 2, 64)
     log = circuits.train_induction(model, steps=4, seed=0, B=4, every=3)
     assert [r["step"] for r in log] == [0, 3, 4]
     assert math.isnan(log[0]["train_loss"]) and math.isfinite(
@@ -331,9 +345,9 @@ def test_value_errors():
     with pytest.raises(ValueError, match="vocab"):
         AttnOnly(0, 4, 2)
     with pytest.raises(ValueError, match="T must"):
-        repeated_segments(2, 31, 64, torch.Generator())  # T >= 2 max_len
+        repeated_segments(2, 63, 64, torch.Generator())  # T >= 2 max_len
     with pytest.raises(ValueError, match="too small"):
-        repeated_segments(2, 64, 40, torch.Generator())
+        repeated_segments(2, 64, 48, torch.Generator())
     with pytest.raises(ValueError, match="Generator"):
         repeated_segments(2, 64, 64, 0)
     with pytest.raises(ValueError, match="even"):

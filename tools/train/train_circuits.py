@@ -1,8 +1,9 @@
 """Chapter 15's trainings (`make train-circuits`): the one- and two-layer
 attention-only models of book/circuits.py (`AttnOnly` of circuits.SIZES:
 vocab 64, context T = 64, d = 64, H = 4) trained by `circuits.train_induction` on
-`repeated_segments` (a random segment of 8 to 16 tokens occurring twice at
-random places), seeds 0, 1 and 2, each on one thread.
+`repeated_segments` (n random distinct tokens, n drawn per sequence from
+16 to 32, the same n tokens again, then fresh tokens), seeds 0, 1 and 2,
+each on one thread.
 
 Stores the weights (book/data/circuits/induction_L<layers>_seed<seed>.pt,
 float32 state_dicts), the log (book/data/circuits_train_log.csv: one row
