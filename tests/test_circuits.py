@@ -326,6 +326,27 @@ def test_train_induction_logs_every_head():
     assert all(0 <= r["in_context_acc"] <= 1 for r in log)
 
 
+def test_embed_scale_scales_the_first_draws():
+    # W_E and W_pos are the first two draws of the seeded generator, times
+    # embed_scale; the other weights are unscaled
+    for scale in (0.25, 0.5, 1.0):
+        torch.manual_seed(7)
+        model = AttnOnly(12, 8, 2, 1, 10, embed_scale=scale)
+        torch.manual_seed(7)
+        W_E, W_pos = torch.randn(12, 8), torch.randn(10, 8)
+        W_Q = torch.randn(1, 2, 8, 4) / 8**0.5
+        assert torch.equal(model.W_E.data, W_E * scale)
+        assert torch.equal(model.W_pos.data, W_pos * scale)
+        assert torch.equal(model.W_Q.data, W_Q)
+    torch.manual_seed(0)
+    default = AttnOnly(64, 64, 4, 2, 64)  # 4,096 entries each: std 0.25
+    for W in (default.W_E, default.W_pos):
+        assert abs(W.std().item() - 0.25) < 0.01
+    for bad in (0, -0.25, math.nan, math.inf, True, "0.25", None):
+        with pytest.raises(ValueError, match="embed_scale"):
+            AttnOnly(12, 8, 2, 1, 10, embed_scale=bad)
+
+
 def test_value_errors():
     model = model_of(2)
     with pytest.raises(ValueError, match="outside the vocabulary"):
