@@ -8,7 +8,8 @@ references written here, on cases the chapter never prints:
   the scores by their closed form on the probe (n distinct tokens twice:
   query n + m has its one match at key m + 1, its own earlier token at m);
 - `head_scores` on an untrained model against those closed forms and NumPy's
-  eigenvalues; `find_heads` and `control` on hand-built tables;
+  eigenvalues; `find_heads` and `induction_heads` on hand-built tables;
+  `by_offset` and `max_over` on hand-built weights;
   `previous_share` on a model built to attend to the previous position;
   `accuracy` against Wilson's formula written out.
 """
@@ -113,14 +114,42 @@ def scores_table(previous, prefix):
     return pd.DataFrame({"previous": previous, "prefix": prefix}, index=index)
 
 
-def test_find_heads_and_control(ch15):
+def test_find_heads_and_induction_heads(ch15):
     s = scores_table(
         [0.1, 0.2, 0.9, 0.3, 0.95, 0.1, 0.1, 0.1],  # L2H1 is no layer-1 head
-        [0.9, 0.01, 0.1, 0.1, 0.2, 0.8, 0.05, 0.3],  # L1H1, L1H2: layer 1
+        [0.9, 0.01, 0.1, 0.1, 0.2, 0.8, 0.5, 0.6],  # L1H1: layer 1
     )
     assert ch15.find_heads(s) == ("L1H3", "L2H2")
-    ch15.scores = {(2, 7): s}
-    assert ch15.control(7) == "L2H3"
+    assert ch15.induction_heads(s) == ["L2H2", "L2H4"]  # above 0.5, not at
+
+
+def test_by_offset_on_a_built_pattern(ch15):
+    T, offsets = 12, torch.tensor([0.1, 0.5, 0.2, 0.15, 0.05])
+    A = torch.zeros(T, T, dtype=torch.float64)
+    for i in range(T):  # weight w_o on key i - o, the rest on key 0
+        for o, w in enumerate(offsets.tolist()):
+            if i - o > 0:
+                A[i, i - o] += w
+        A[i, 0] += 1 - A[i].sum()
+    want = [
+        sum(A[i, i - o].item() for i in range(o, T)) / (T - o)
+        for o in range(5)
+    ]
+    assert ch15.by_offset(A) == pytest.approx(want, abs=1e-15)
+
+
+def test_max_over_takes_the_highest_head(ch15):
+    ch15.probe = the_probe()
+    ch15.index = {
+        f"L{a + 1}H{h + 1}": (a, h) for a in range(2) for h in range(4)
+    }
+    ch15.inductions = {9: ["L2H1", "L2H3"]}
+    A = torch.zeros(2, 4, 2 * N, 2 * N, dtype=torch.float64)
+    second = torch.arange(N, 2 * N)
+    A[1, 0, second, second - N + 1] = 0.3  # L2H1: prefix 0.3
+    A[1, 2, second, second - N + 1] = 0.7  # L2H3: prefix 0.7
+    A[1, 1, second, second - N + 1] = 0.9  # L2H2: no induction head here
+    assert ch15.max_over(circuits.prefix_matching, A, 9) == pytest.approx(0.7)
 
 
 def test_previous_share_on_a_built_model(ch15):
