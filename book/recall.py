@@ -9,6 +9,8 @@ queries with other tokens and uses a larger vocabulary; here the queries
 follow the pairs at once.
 
 - `mqar_batch` draws sequences; `recall_accuracy` counts the right values;
+  `top_gap`, how far its argmaxes are from a tie; `falls_below`, the first
+  number of pairs whose accuracy is below a level;
 - `build_recall` builds the book's GPT (book/gpt.py) with one of RECALL's
   attentions; `held_numbers` counts the numbers its caches hold after T
   tokens (the KV cache's, or the fixed state's);
@@ -66,6 +68,30 @@ def recall_accuracy(model, x, y, query):
     return int(right[query].sum()), int(query.sum())
 
 
+def top_gap(model, x, query):
+    """The smallest gap between the two highest logits at a query: if it
+    exceeds the rounding differences between processors, every argmax, and
+    so every count of `recall_accuracy`, is the same on all of them."""
+    if x.shape != query.shape or not query.any():
+        raise ValueError("x and query must be (B, T) with some queries")
+    with torch.no_grad():
+        top2 = model(x)[query].topk(2, dim=-1).values  # (queries, 2)
+    return (top2[:, 0] - top2[:, 1]).min().item()
+
+
+def falls_below(pairs, accuracies, level=0.5):
+    """The first number of pairs (in increasing order) whose accuracy is
+    below `level`, or None if none is."""
+    if len(pairs) != len(accuracies) or not len(pairs):
+        raise ValueError("pairs and accuracies must be non-empty, one each")
+    if list(pairs) != sorted(pairs):
+        raise ValueError(f"pairs must increase, got {list(pairs)}")
+    for n, a in zip(pairs, accuracies):
+        if a < level:
+            return n
+    return None
+
+
 def linear(d):
     return lambda i: LinearAttention(d, H, rule="linear")
 
@@ -117,7 +143,8 @@ def held_numbers(model, T):
     check_count("T", T)
     caches = model.new_caches()
     model(torch.zeros(1, T, dtype=torch.int64), caches=caches)
-    return sum(c.nbytes() for c in caches) // 4  # float32 numbers
+    size = next(model.parameters()).element_size()  # bytes per number
+    return sum(c.nbytes() for c in caches) // size
 
 
 def train_recall(model, steps, seed, pairs, B=32, lr=1e-3):
