@@ -209,4 +209,5 @@ def test_training_script_counts_on_the_held_out_sequences(monkeypatch):
             "pairs": N,
             "right": even,
             "total": 7 * N,
+            "gap": 1.0,  # one-hot logits
         }

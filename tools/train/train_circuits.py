@@ -20,7 +20,8 @@ of PAIRS_EVAL. Stores the weights
 (book/data/circuits/recall_<name>_d<d>.pt), the summary
 (book/data/recall_train.csv: parameters, final loss, numbers held after
 the longest sequence, CPU and wall seconds) and the accuracies
-(book/data/recall_accuracy.csv: name, d, pairs, right, total).
+(book/data/recall_accuracy.csv: name, d, pairs, right, total, and the
+smallest gap between the two highest logits at an answer).
 
 Usage: python tools/train/train_circuits.py [--part induction|recall]
        [--steps N] [--only NAME ...]
@@ -115,11 +116,12 @@ def evaluate_recall(model, kind, d):
     rows = []
     for N in PAIRS_EVAL:
         gen = torch.Generator().manual_seed(HELD_SEED + N)
-        right, total = recall.recall_accuracy(
-            model, *recall.mqar_batch(N_HELD, N, gen)
-        )
+        x, y, query = recall.mqar_batch(N_HELD, N, gen)
+        right, total = recall.recall_accuracy(model, x, y, query)
+        gap = recall.top_gap(model, x, query)  # how far from a tie
         rows.append(
             {"name": kind, "d": d, "pairs": N, "right": right, "total": total}
+            | {"gap": gap}
         )
     return rows
 
