@@ -1,5 +1,6 @@
 """Chapter 15's recall task: multi-query associative recall (MQAR; Arora et
-al. 2023, "Zoology", section 3) for chapter 12's variants (book/variants.py).
+al. 2023, "Zoology", section 4, "Explaining the associative recall
+problem") for chapter 12's variants (book/variants.py).
 
 A sequence holds N key-value pairs k_1 v_1 ... k_N v_N, then the N keys
 again in a random order, each followed by its value; the model must give
@@ -12,13 +13,14 @@ follow the pairs at once.
   `top_gap`, how far its argmaxes are from a tie; `falls_below`, the first
   number of pairs whose accuracy is below a level;
 - `build_recall` builds the book's GPT (book/gpt.py) with one of RECALL's
-  attentions; `held_numbers` counts the numbers its caches hold after T
+  attentions, its embedding widened by `PreviousToken` (the token before); `held_numbers` counts the numbers its caches hold after T
   tokens (the KV cache's, or the fixed state's);
 - `train_recall`, the training `make train-circuits` runs.
 """
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gpt import GPT
 from transformer import RotarySelfAttention
@@ -27,6 +29,7 @@ from variants import LinearAttention
 KEYS, VOCAB = 32, 64  # key ids 0 ... 31, value ids 32 ... 63
 H, LAYERS = 4, 2
 WINDOW = 16  # the sliding window's w
+SHIFT = True  # each model sees the token before (PreviousToken)
 
 
 def check_count(name, n, low=1):
@@ -109,6 +112,29 @@ def hybrid(d):
     )
 
 
+class PreviousToken(nn.Module):
+    """The GPT's token embedding plus a second embedding of the token
+    before: x_t = E[token_t] + P[token_(t-1)] (P of a zero row at t = 0).
+    A causal convolution of width 2 on one-hot tokens, the short
+    convolution that Based and Gated DeltaNet put before their fixed-state
+    layers; it holds one token between calls, so it serves whole sequences
+    (a model called token by token would need that token in its cache)."""
+
+    def __init__(self, embed, vocab):
+        super().__init__()
+        self.token = embed
+        self.previous = nn.Embedding(vocab, embed.weight.shape[1])
+
+    @property
+    def weight(self):
+        return self.token.weight
+
+    def forward(self, tokens):
+        x = self.token(tokens)  # (B, T, d); ValueError: a bad id
+        before = self.previous(tokens[:, :-1])  # (B, T - 1, d)
+        return torch.cat([x[:, :1], x[:, 1:] + before], dim=1)
+
+
 # name: GPT's keyword arguments, "attention" a function of d
 RECALL = {
     "mha": {},
@@ -133,7 +159,10 @@ def build_recall(name, d, seed):
     if "attention" in kwargs:
         kwargs["attention"] = kwargs["attention"](d)
     torch.manual_seed(seed)
-    return GPT(VOCAB, d=d, H=H, layers=LAYERS, d_ff=2 * d, **kwargs)
+    model = GPT(VOCAB, d=d, H=H, layers=LAYERS, d_ff=2 * d, **kwargs)
+    if SHIFT:
+        model.embed = PreviousToken(model.embed, VOCAB)
+    return model
 
 
 @torch.no_grad()

@@ -211,3 +211,21 @@ def test_training_script_counts_on_the_held_out_sequences(monkeypatch):
             "total": 7 * N,
             "gap": 1.0,  # one-hot logits
         }
+
+
+@pytest.mark.parametrize("name", ["mha", "linear"])
+def test_previous_token_adds_the_token_before(name):
+    model = build_recall(name, 16, seed=0)
+    embed = model.embed
+    assert isinstance(embed, recall.PreviousToken)
+    tokens = torch.tensor([[5, 40, 7, 33, 5], [0, 63, 1, 2, 3]])
+    got = embed(tokens)
+    E, P = embed.token.weight, embed.previous.weight
+    for b in range(2):
+        for t in range(5):  # a loop over positions: E[now] + P[before]
+            want = E[tokens[b, t]].clone()
+            if t > 0:
+                want += P[tokens[b, t - 1]]
+            assert torch.equal(got[b, t], want), (b, t)
+    assert embed.weight is E
+
