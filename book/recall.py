@@ -13,8 +13,9 @@ follow the pairs at once.
   `top_gap`, how far its argmaxes are from a tie; `falls_below`, the first
   number of pairs whose accuracy is below a level;
 - `build_recall` builds the book's GPT (book/gpt.py) with one of RECALL's
-  attentions, its embedding widened by `PreviousToken` (the token before); `held_numbers` counts the numbers its caches hold after T
-  tokens (the KV cache's, or the fixed state's);
+  attentions and `PreviousToken` (the token before) in its embedding;
+  `held_numbers` counts the numbers its caches hold after T tokens (the KV
+  cache's, or the fixed state's);
 - `train_recall`, the training `make train-circuits` runs.
 """
 

@@ -228,4 +228,3 @@ def test_previous_token_adds_the_token_before(name):
                 want += P[tokens[b, t - 1]]
             assert torch.equal(got[b, t], want), (b, t)
     assert embed.weight is E
-

@@ -14,9 +14,9 @@ with its parameters, final losses, CPU and wall seconds, threads).
 Then MQAR (book/recall.py): each of recall.RECALL's models (MHA, sliding
 window, linear attention, Gated DeltaNet, hybrid) at each width of WIDTHS,
 trained by `recall.train_recall` on PAIRS_TRAIN pairs (one count drawn per
-step, small counts more often) for RECALL_STEPS steps of RECALL_B sequences, seed 0, one thread;
-then its accuracy, in float64, on N_HELD held-out sequences at each count
-of PAIRS_EVAL. Stores the weights
+step, small counts more often) for RECALL_STEPS steps of RECALL_B
+sequences, seed 0, one thread; then its accuracy, in float64, on N_HELD
+held-out sequences at each count of PAIRS_EVAL. Stores the weights
 (book/data/circuits/recall_<name>_d<d>.pt), the summary
 (book/data/recall_train.csv: parameters, final loss, numbers held after
 the longest sequence, CPU and wall seconds) and the accuracies
@@ -55,13 +55,14 @@ LOG = BOOK / "data" / "circuits_train_log.csv"
 SUMMARY = BOOK / "data" / "circuits_train.csv"
 
 WIDTHS = (32, 64)
-# one count drawn per step, weighted to small N (cheaper steps, and the
-# lookup is learned there first); evaluated beyond: 32 is never trained
+# one count drawn per step, weighted to small N (cheaper steps); evaluated
+# beyond: no training sequence has 32 pairs
 PAIRS_TRAIN = (2, 2, 2, 4, 4, 8, 16)
 PAIRS_EVAL = (2, 4, 8, 16, 32)
 RECALL_STEPS = 600
 RECALL_B = 64  # sequences per step
-RECALL_LR = 3e-3  # every variant; 1e-2: linear attention's features hit 0
+# every variant; 1e-2 drove linear attention's normaliser to 0
+RECALL_LR = 3e-3
 N_HELD = 256  # held-out sequences per count of pairs
 HELD_SEED = 20_000
 RECALL_MODELS = {
