@@ -1,5 +1,6 @@
 """Chapter 15's recall task: multi-query associative recall (MQAR; Arora et
-al. 2023, "Zoology", section 3) for chapter 12's variants (book/variants.py).
+al. 2023, "Zoology", section 4, "Explaining the associative recall
+problem") for chapter 12's variants (book/variants.py).
 
 A sequence holds N key-value pairs k_1 v_1 ... k_N v_N, then the N keys
 again in a random order, each followed by its value; the model must give
@@ -9,14 +10,18 @@ queries with other tokens and uses a larger vocabulary; here the queries
 follow the pairs at once.
 
 - `mqar_batch` draws sequences; `recall_accuracy` counts the right values;
+  `top_gap`, how far its argmaxes are from a tie; `falls_below`, the first
+  number of pairs whose accuracy is below a level;
 - `build_recall` builds the book's GPT (book/gpt.py) with one of RECALL's
-  attentions; `held_numbers` counts the numbers its caches hold after T
-  tokens (the KV cache's, or the fixed state's);
+  attentions and `PreviousToken` (the token before) in its embedding;
+  `held_numbers` counts the numbers its caches hold after T tokens (the KV
+  cache's, or the fixed state's);
 - `train_recall`, the training `make train-circuits` runs.
 """
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gpt import GPT
 from transformer import RotarySelfAttention
@@ -25,6 +30,7 @@ from variants import LinearAttention
 KEYS, VOCAB = 32, 64  # key ids 0 ... 31, value ids 32 ... 63
 H, LAYERS = 4, 2
 WINDOW = 16  # the sliding window's w
+SHIFT = True  # each model sees the token before (PreviousToken)
 
 
 def check_count(name, n, low=1):
@@ -66,6 +72,30 @@ def recall_accuracy(model, x, y, query):
     return int(right[query].sum()), int(query.sum())
 
 
+def top_gap(model, x, query):
+    """The smallest gap between the two highest logits at a query: if it
+    exceeds the rounding differences between processors, every argmax, and
+    so every count of `recall_accuracy`, is the same on all of them."""
+    if x.shape != query.shape or not query.any():
+        raise ValueError("x and query must be (B, T) with some queries")
+    with torch.no_grad():
+        top2 = model(x)[query].topk(2, dim=-1).values  # (queries, 2)
+    return (top2[:, 0] - top2[:, 1]).min().item()
+
+
+def falls_below(pairs, accuracies, level=0.5):
+    """The first number of pairs (in increasing order) whose accuracy is
+    below `level`, or None if none is."""
+    if len(pairs) != len(accuracies) or not len(pairs):
+        raise ValueError("pairs and accuracies must be non-empty, one each")
+    if list(pairs) != sorted(pairs):
+        raise ValueError(f"pairs must increase, got {list(pairs)}")
+    for n, a in zip(pairs, accuracies):
+        if a < level:
+            return n
+    return None
+
+
 def linear(d):
     return lambda i: LinearAttention(d, H, rule="linear")
 
@@ -81,6 +111,29 @@ def hybrid(d):
         if i == 0
         else RotarySelfAttention(d, H, causal=True)
     )
+
+
+class PreviousToken(nn.Module):
+    """The GPT's token embedding plus a second embedding of the token
+    before: x_t = E[token_t] + P[token_(t-1)] (P of a zero row at t = 0).
+    A causal convolution of width 2 on one-hot tokens, the short
+    convolution that Based and Gated DeltaNet put before their fixed-state
+    layers; it holds one token between calls, so it serves whole sequences
+    (a model called token by token would need that token in its cache)."""
+
+    def __init__(self, embed, vocab):
+        super().__init__()
+        self.token = embed
+        self.previous = nn.Embedding(vocab, embed.weight.shape[1])
+
+    @property
+    def weight(self):
+        return self.token.weight
+
+    def forward(self, tokens):
+        x = self.token(tokens)  # (B, T, d); ValueError: a bad id
+        before = self.previous(tokens[:, :-1])  # (B, T - 1, d)
+        return torch.cat([x[:, :1], x[:, 1:] + before], dim=1)
 
 
 # name: GPT's keyword arguments, "attention" a function of d
@@ -107,7 +160,10 @@ def build_recall(name, d, seed):
     if "attention" in kwargs:
         kwargs["attention"] = kwargs["attention"](d)
     torch.manual_seed(seed)
-    return GPT(VOCAB, d=d, H=H, layers=LAYERS, d_ff=2 * d, **kwargs)
+    model = GPT(VOCAB, d=d, H=H, layers=LAYERS, d_ff=2 * d, **kwargs)
+    if SHIFT:
+        model.embed = PreviousToken(model.embed, VOCAB)
+    return model
 
 
 @torch.no_grad()
@@ -117,7 +173,8 @@ def held_numbers(model, T):
     check_count("T", T)
     caches = model.new_caches()
     model(torch.zeros(1, T, dtype=torch.int64), caches=caches)
-    return sum(c.nbytes() for c in caches) // 4  # float32 numbers
+    size = next(model.parameters()).element_size()  # bytes per number
+    return sum(c.nbytes() for c in caches) // size
 
 
 def train_recall(model, steps, seed, pairs, B=32, lr=1e-3):
