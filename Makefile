@@ -162,8 +162,8 @@ outputs: $(STAMP)
 # - ch07: chapter 7's training times (printed only; tools/bench/bench_sentiment.py);
 # - ch08: chapter 8's median time, GFLOP/s and peak extra memory of each
 #   attention program for T = 256 ... 4096, its ablation and tile sweep, and
-#   the same at 4096 on two threads (about 20 minutes on 2026-11-27, 2-core
-#   AMD EPYC, helpers on the machine: see CONTRIBUTING.md; then
+#   the same at 4096 on two threads (23.5 minutes on 2026-12-07, 2-core
+#   AMD EPYC, quiet: see CONTRIBUTING.md; then
 #   `make outputs NB=book/08_efficient_attention.ipynb`);
 # - ch10: chapter 10's training and generation times (tools/bench/bench_gpt.py);
 # - ch11: chapter 11's prefill, decode, bandwidth, per-operation,
