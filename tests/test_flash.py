@@ -86,6 +86,31 @@ def test_fast_recomputes_only_the_row_blocks_that_need_it(monkeypatch):
     assert_close(got, naive(q, k, v), rtol=0, atol=1e-5)
 
 
+def test_the_lazy_lever_picks_the_path(monkeypatch):
+    """levers={"lazy": False}: every row block is computed once, with the
+    reference raised to each tile's maximum (fast_row's exact path), and
+    raise_reference runs once per tile; lazy (the default) never calls it
+    on scores within the margin."""
+    calls = count_fast_rows(monkeypatch)
+    raised, raise_reference = [], flash.raise_reference
+
+    def counting(*args):
+        raised.append(1)
+        return raise_reference(*args)
+
+    monkeypatch.setattr(flash, "raise_reference", counting)
+    q, k, v = qkv(64, d=8, batch=(2,), dtype=torch.float64)
+    exact = flash.fast_attention(
+        q, k, v, B_r=16, B_c=16, levers={"lazy": False}
+    )
+    assert calls == [False] * 4 and len(raised) == 16  # 4 x 4 tiles
+    calls.clear(), raised.clear()
+    lazy = flash.fast_attention(q, k, v, B_r=16, B_c=16)
+    assert calls == [True] * 4 and raised == []
+    assert_close(exact, lazy, rtol=0, atol=1e-12)
+    assert_close(exact, naive(q, k, v), rtol=0, atol=1e-12)
+
+
 # --- the fast tiled attention ---------------------------------------------------
 
 ALL_LEVERS = ["as set", "all on", "all off"] + [
