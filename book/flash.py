@@ -114,13 +114,14 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
     return tiles
 
 
-def check_medians(medians, within=0.0):
-    """Raise ValueError unless medians maps tiles (B_r, B_c), two integers
-    >= 1, to positive finite ratios, and holds at least one; and within is
-    a finite number >= 0."""
-    if not isinstance(medians, dict) or not medians:
-        raise ValueError("the sweep holds no tile: medians must be a dict")
-    for tile in medians:
+def check_intervals(intervals, current):
+    """Raise ValueError unless intervals maps tiles (B_r, B_c), two integers
+    >= 1, to (median, lo, hi) ratios, positive and finite with
+    lo <= median <= hi, and holds at least one; and current is one of its
+    tiles, as a list or tuple."""
+    if not isinstance(intervals, dict) or not intervals:
+        raise ValueError("the sweep holds no tile: intervals must be a dict")
+    for tile in intervals:
         if not (
             isinstance(tile, tuple)
             and len(tile) == 2
@@ -130,35 +131,49 @@ def check_medians(medians, within=0.0):
             )
         ):
             raise ValueError(
-                f"every key of medians must be a tile (B_r, B_c) of two "
+                f"every key of intervals must be a tile (B_r, B_c) of two "
                 f"integers >= 1, got {tile!r}"
             )
-    if not all(
-        isinstance(x, numbers.Real) and math.isfinite(x) and x > 0
-        for x in medians.values()
-    ):
-        raise ValueError("every median ratio must be a positive number")
-    if isinstance(within, bool) or not (
-        isinstance(within, numbers.Real) and 0 <= within < math.inf
-    ):
-        raise ValueError(
-            f"within must be a finite number >= 0, got {within!r}"
-        )
+    for tile, value in intervals.items():
+        if not (
+            isinstance(value, tuple | list)
+            and len(value) == 3
+            and all(
+                isinstance(x, numbers.Real) and math.isfinite(x) and x > 0
+                for x in value
+            )
+        ):
+            raise ValueError(
+                f"every interval must be (median, lo, hi), three positive "
+                f"numbers, got {value!r} for {tile}"
+            )
+        median, lo, hi = value
+        if not lo <= median <= hi:
+            raise ValueError(
+                f"the interval of {tile} must hold its median: "
+                f"lo <= median <= hi, got {value!r}"
+            )
+    if not isinstance(current, tuple | list) or tuple(current) not in list(
+        intervals
+    ):  # compared, not hashed: a list inside current is no TypeError
+        raise ValueError(f"the current tile {current!r} is not in the sweep")
 
 
-def choose_tile(medians, within=0.01):
-    """The tile [B_r, B_c] chosen from a sweep: medians maps (B_r, B_c) to
-    the median ratio SDPA time / our time. Medians within `within` of the
-    best count as tied with it: of those tiles, the one with the smallest
-    buffer B_r B_c (on a tie in size, the higher median)."""
-    check_medians(medians, within)
-    best = max(medians.values())
-    near = [tile for tile, x in medians.items() if x >= best - within]
-    B_r, B_c = min(near, key=lambda t: (t[0] * t[1], -medians[t]))
-    return [B_r, B_c]
+def choose_tile(intervals, current):
+    """The tile [B_r, B_c] to use after a sweep: intervals maps (B_r, B_c)
+    to (median, lo, hi), the median ratio SDPA time / our time and its 95 %
+    interval. The current tile is kept while its interval overlaps that of
+    the best median (the sweep cannot tell them apart); a tile measurably
+    slower (its interval entirely below the best's) gives way to the tile
+    with the best median."""
+    check_intervals(intervals, current)
+    best = max(intervals, key=lambda tile: intervals[tile][0])
+    if intervals[tuple(current)][2] >= intervals[best][1]:
+        return list(current)  # cannot be told apart from the best: kept
+    return list(best)
 
 
-# the tiles (B_r, B_c), as choose_tile picks them from chapter 8's sweep
+# the tiles (B_r, B_c) in use; choose_tile keeps them after chapter 8's sweep
 FAST_TILE = {"no mask": [512, 256], "causal": [256, 256]}
 MARGIN = 20  # row sums of exp(e_ij - r_i) up to 2 ** 20 are accepted
 # each change on or off, as it measured on the machine of the benchmark

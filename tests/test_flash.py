@@ -601,11 +601,22 @@ def test_tile_schedule_refuses_bad_lengths_and_masks():
 
 
 def test_choose_tile_and_saved_bytes_refuse_bad_arguments():
-    for medians in ([((64, 64), 0.9)], {64: 0.9}, {(64, 0): 0.9}):
-        with pytest.raises(ValueError, match="medians"):
-            flash.choose_tile(medians)
-    with pytest.raises(ValueError, match="positive number"):
-        flash.choose_tile({(64, 64): "0.9"})
+    one = {(64, 64): (0.9, 0.8, 0.95)}
+    for intervals in (
+        [((64, 64), (0.9, 0.8, 0.95))],
+        {64: 0.9},
+        {(64, 0): 0.9},
+    ):
+        with pytest.raises(ValueError, match="intervals"):
+            flash.choose_tile(intervals, [64, 64])
+    for value in ("0.9", (0.9, 0.8), (0.9, float("nan"), 1.0), 0.9):
+        with pytest.raises(ValueError, match="three positive numbers"):
+            flash.choose_tile({(64, 64): value}, [64, 64])
+    with pytest.raises(ValueError, match="must hold its median"):
+        flash.choose_tile({(64, 64): (0.9, 0.95, 0.99)}, [64, 64])
+    for current in ([64, 128], 64, None, [[64], 64]):
+        with pytest.raises(ValueError, match="not in the sweep"):
+            flash.choose_tile(one, current)
     with pytest.raises(ValueError, match="fn must be a function"):
         flash.saved_bytes(torch.ones(3))
 
@@ -757,19 +768,25 @@ def test_no_second_derivative():
         dq.sum().backward()
 
 
-def test_choose_tile_takes_the_smallest_buffer_near_the_best():
-    """The rule: within 0.01 of the best median, the smallest B_r B_c."""
-    sweep = {(512, 512): 0.923, (512, 1024): 0.911, (512, 256): 0.915,
-             (256, 256): 0.905, (64, 2048): 0.90}  # fmt: skip
-    assert flash.choose_tile(sweep) == [512, 256]  # 0.915 >= 0.913
-    assert flash.choose_tile(sweep, within=0.005) == [512, 512]
-    assert flash.choose_tile(sweep, within=0.02) == [256, 256]
-    tie = {(256, 512): 0.80, (512, 256): 0.81}
-    assert flash.choose_tile(tie) == [512, 256]  # same size: higher median
+def test_choose_tile_keeps_the_current_tile_unless_measurably_slower():
+    """The rule: the current tile stays while its interval overlaps the
+    best median's interval; only a tile whose interval lies entirely below
+    the best's gives way, to the tile with the best median."""
+    sweep = {
+        (256, 256): (0.81, 0.72, 0.84),  # the best median
+        (512, 256): (0.72, 0.67, 0.82),
+        (512, 512): (0.70, 0.60, 0.86),  # the highest upper end
+        (64, 1024): (0.66, 0.55, 0.75),  # overlaps, below the best median
+        (64, 512): (0.64, 0.58, 0.72),  # touches the best's lower end
+        (64, 2048): (0.64, 0.57, 0.66),  # entirely below: slower
+    }
+    for kept in ([512, 256], (512, 512), [64, 1024], [64, 512], [256, 256]):
+        assert flash.choose_tile(sweep, kept) == list(kept)
+    assert flash.choose_tile(sweep, [64, 2048]) == [256, 256]
+    del sweep[(256, 256)]  # now (512, 256) has the best median, 0.72
+    assert flash.choose_tile(sweep, [64, 2048]) == [512, 256]
     with pytest.raises(ValueError, match="no tile"):
-        flash.choose_tile({})
-    with pytest.raises(ValueError, match="positive number"):
-        flash.choose_tile({(64, 64): float("nan")})
+        flash.choose_tile({}, [64, 64])
 
 
 @pytest.mark.parametrize("name", ["C", "lse", "dC"])
@@ -783,15 +800,3 @@ def test_flash_backward_refuses_non_finite_c_lse_dc(name, bad):
     tensors[name].view(-1)[3] = bad
     with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
         flash.flash_backward(q, k, v, *tensors.values())
-
-
-@pytest.mark.parametrize(
-    "within", ["a", float("nan"), -0.01, float("inf"), True]
-)
-def test_choose_tile_refuses_a_bad_window(within):
-    """within must be a finite number >= 0: not a TypeError for a string,
-    nor min()'s 'empty sequence' for NaN or a negative window."""
-    sweep = {(256, 256): 0.9, (512, 256): 0.91}
-    with pytest.raises(ValueError, match="within must be a finite number"):
-        flash.choose_tile(sweep, within=within)
-    assert flash.choose_tile(sweep, within=0) == [512, 256]  # no tie
