@@ -262,7 +262,7 @@ train-variants: $(STAMP)
 
 # Every training target, one after the other (chapters 6, 7 and 9 train on one
 # thread and log their CPU and wall seconds; issue 46's budget: 60 minutes of CPU in
-# all, 3 per model; about 2,600 s by the logs: see CONTRIBUTING.md).
+# all, 3 per model; about 2,660 s by the logs: see CONTRIBUTING.md).
 .PHONY: train
 train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq
 
