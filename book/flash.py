@@ -23,33 +23,14 @@ import numbers
 
 import torch
 
-from attention import check_d_k
+from attention import check_qkv_shapes
 
 
 def check_qkv(Q, K, V):
-    """ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v) fit."""
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if len(t.shape) < 2:
-            raise ValueError(
-                f"{name} must have shape (..., length, size), "
-                f"got {tuple(t.shape)}"
-            )
-    if not Q.shape[:-2] == K.shape[:-2] == V.shape[:-2]:
-        raise ValueError(
-            f"batch and head dimensions differ: Q {tuple(Q.shape)}, "
-            f"K {tuple(K.shape)}, V {tuple(V.shape)}"
-        )
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            f"Q and K must have the same size d_k: Q has "
-            f"{Q.shape[-1]}, K has {K.shape[-1]}"
-        )
-    if K.shape[-2] != V.shape[-2]:
-        raise ValueError(
-            f"every key needs one value: K has {K.shape[-2]} "
-            f"positions, V has {V.shape[-2]}"
-        )
-    check_d_k(Q.shape[-1])  # 1 / sqrt(0) would divide by zero
+    """ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v)
+    fit (NumPy arrays or torch tensors): attention.check_qkv_shapes with the
+    same leading axes, a key even with no query, and one dtype."""
+    check_qkv_shapes(Q, K, V, same_batch=True)  # and d_k >= 1
     if K.shape[-2] == 0:
         raise ValueError("attention needs at least one key")
     if not Q.dtype == K.dtype == V.dtype:

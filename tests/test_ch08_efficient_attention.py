@@ -341,11 +341,11 @@ def test_online_softmax_rejects_bad_streams(ch08, chunks, message):
     "shapes, message",
     [
         (((4, 3), (4, 2), (4, 3)), "same size d_k: Q has 3, K has 2"),
-        (((4, 3), (4, 3), (5, 3)), "K has 4 positions, V has 5"),
+        (((4, 3), (4, 3), (5, 3)), "K has 4 rows, V has 5"),
         (((3,), (4, 3), (4, 3)), r"Q must have shape .* got \(3,\)"),
         (
             ((2, 4, 3), (3, 4, 3), (3, 4, 3)),
-            "batch and head dimensions differ",
+            "mismatched batches",
         ),
         (((4, 3), (0, 3), (0, 3)), "at least one key"),
     ],
@@ -617,6 +617,7 @@ def test_benchmark_catches_a_wrong_variant(bench, ch08):
 
 FROM_FLASH = (
     "check_qkv",
+    "check_qkv_shapes",  # attention.py's, which flash.py imports
     "check_torch",
     "tile_schedule",
     "augment",

@@ -493,7 +493,7 @@ def test_flash_attention_rejects_bad_tensors():
 @pytest.mark.parametrize(
     "Q, message",
     [
-        (torch.randn(10), r"Q must have shape \(\.\.\., length, size\)"),
+        (torch.randn(10), r"Q must have shape \(\.\.\., T, size\)"),
         ([[1.0, 2.0]], "torch tensors"),
         (None, "torch tensors"),
     ],
