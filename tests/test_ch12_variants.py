@@ -8,12 +8,12 @@ formula's pieces against their configurations' arithmetic."""
 import measure  # tools/, on the path by tests/conftest.py
 import pytest
 import torch
-from chapter_loader import load_chapter
+from conftest import LazyChapter
 
 import variants as v
 from gpt import GPT
 
-ch12 = load_chapter("12_variants.ipynb")
+ch12 = LazyChapter("12_variants.ipynb")
 VOCAB = 65  # chapter 10's characters
 NAMES = [
     "mha",

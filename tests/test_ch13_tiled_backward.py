@@ -15,12 +15,13 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from chapter_loader import BOOK, load_chapter
+from chapter_loader import BOOK
+from conftest import LazyChapter
 from torch.testing import assert_close
 
 import flash
 
-ch13 = load_chapter("13_tiled_backward.ipynb")
+ch13 = LazyChapter("13_tiled_backward.ipynb")
 
 
 @pytest.mark.parametrize(
