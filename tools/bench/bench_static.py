@@ -48,7 +48,7 @@ class Config:
 
     new_tokens: tuple[int, ...] = (512, 2048)
     # (new tokens, runs) without a cache: 2,048 is too slow
-    # (1,024 runs once, about 44 s: no interval; seven would add 4.4 minutes)
+    # (1,024 runs once, about 41 s: no interval; seven would add 4 minutes)
     uncached: tuple[tuple[int, int], ...] = ((512, 7), (1024, 1))
     repeats: int = 7
     batches: tuple[int, ...] = (1, 4, 16, 64)
