@@ -575,6 +575,12 @@ def test_programs_refuse_tensors_on_other_devices():
     for run in flash_programs(*meta):
         with pytest.raises(ValueError, match="on the CPU"):
             run()
+    C, lse = flash.fast_attention(q, k, v, return_lse=True)
+    for i, name in enumerate(("C", "lse", "dC")):
+        args = [C, lse, torch.ones_like(C)]
+        args[i] = args[i].to("meta")
+        with pytest.raises(ValueError, match=f"{name} is .* on meta, Q is"):
+            flash.flash_backward(q, k, v, *args)
 
 
 @pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
