@@ -75,15 +75,11 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
 
 def check_qkv_tensors(Q, K, V):
     """Raise a ValueError naming the input unless Q, K and V are
-    floating-point torch tensors with two axes or more, of one dtype and
-    on one device. Types only, never values: no tensor operation."""
+    floating-point torch tensors of one dtype on one device (their axes:
+    check_qkv_shapes). Types only, never values: no tensor operation."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point torch tensor")
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} must have shape (..., T, size), got {tuple(t.shape)}"
-            )
         if t.dtype != Q.dtype or t.device != Q.device:
             raise ValueError(
                 f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
@@ -98,9 +94,11 @@ def check_qkv_shapes(Q, K, V, same_batch=False):
     key for any query, and leading axes (batch, heads) that broadcast, or
     with same_batch=True are equal; return those axes' shape."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if len(t.shape) < 2:
+        shape = getattr(t, "shape", None)  # None: a list, None, a number
+        if shape is None or len(shape) < 2:
+            got = type(t).__name__ if shape is None else tuple(shape)
             raise ValueError(
-                f"{name} must have shape (..., T, size), got {tuple(t.shape)}"
+                f"{name} must have shape (..., T, size), got {got}"
             )
     if Q.shape[-1] != K.shape[-1]:
         raise ValueError(

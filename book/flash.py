@@ -23,7 +23,7 @@ import numbers
 
 import torch
 
-from attention import check_qkv_shapes
+from attention import check_qkv_shapes, check_qkv_tensors
 
 
 def check_qkv(Q, K, V):
@@ -40,14 +40,16 @@ def check_qkv(Q, K, V):
         )
 
 
-def check_torch(Q, K, V):
-    """Shape checks plus: floating-point torch tensors with finite entries."""
-    if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
-        raise ValueError("Q, K and V must be torch tensors")
+def check_torch(Q, K, V, finite=True):
+    """Shape checks plus: floating-point torch tensors of one dtype on the
+    CPU, where this file's buffers are; finite entries unless finite=False."""
+    check_qkv_tensors(Q, K, V)  # attention.py's: one dtype and one device
+    if Q.device.type != "cpu":
+        raise ValueError(
+            f"Q, K and V are on {Q.device}: flash runs on the CPU"
+        )
     check_qkv(Q, K, V)
-    if not Q.is_floating_point():
-        raise ValueError(f"Q, K and V must be floating point, got {Q.dtype}")
-    if not all(torch.isfinite(t).all() for t in (Q, K, V)):
+    if finite and not all(torch.isfinite(t).all() for t in (Q, K, V)):
         raise ValueError("Q, K or V contains NaN or infinite values")
 
 
@@ -362,17 +364,14 @@ def flash_backward(
 
 def check_backward(Q, K, V, C, lse, dC, inside, base2):
     """ValueError unless flash_backward's tensors fit: Q, K, V as for
-    fast_attention (shapes, floating point; not checked for NaN again),
-    C and dC (..., T_q, d_v) and lse (..., T_q), finite, all of one dtype;
+    fast_attention (check_torch; not checked for NaN again), C and dC
+    (..., T_q, d_v) and lse (..., T_q), finite, all of one dtype and device;
     inside and base2 True or False (causal and the offset: in
     tile_schedule)."""
-    tensors = {"Q": Q, "K": K, "V": V, "C": C, "lse": lse, "dC": dC}
-    for name, t in tensors.items():
+    for name, t in (("C", C), ("lse", lse), ("dC", dC)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch tensor")
-    check_qkv(Q, K, V)
-    if not Q.is_floating_point():
-        raise ValueError(f"Q, K and V must be floating point, got {Q.dtype}")
+    check_torch(Q, K, V, finite=False)
     output = (*Q.shape[:-1], V.shape[-1])  # (..., T_q, d_v)
     for name, t, shape in (
         ("C", C, output),
@@ -384,8 +383,11 @@ def check_backward(Q, K, V, C, lse, dC, inside, base2):
                 f"{name} must have shape {tuple(shape)} for these Q and V, got "
                 f"{tuple(t.shape)}"
             )
-        if t.dtype != Q.dtype:
-            raise ValueError(f"{name} is {t.dtype}, Q is {Q.dtype}: one dtype")
+        if t.dtype != Q.dtype or t.device != Q.device:
+            raise ValueError(
+                f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
+                f"{Q.device}: one dtype and one device"
+            )
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} contains NaN or infinite values")
     for name, flag in (("inside", inside), ("base2", base2)):
@@ -439,7 +441,7 @@ def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
 
 def check_causal(Q, K, V, causal):
     """The offset of the causal diagonal; ValueError for an unknown mask,
-    for inputs check_qkv refuses (d_k = 0 among them) or for a bottom-right
+    for inputs check_torch refuses (d_k = 0 among them) or for a bottom-right
     mask under which the first queries would see no key (after the shapes'
     checks: it reads T_q and T_k)."""
     if not isinstance(causal, bool) and not (
@@ -449,9 +451,7 @@ def check_causal(Q, K, V, causal):
             f"causal must be False, True, 'top-left' or 'bottom-right', "
             f"got {causal!r}"
         )
-    if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
-        raise ValueError("Q, K and V must be torch tensors")
-    check_qkv(Q, K, V)  # T_q, T_k and d_k >= 1 exist
+    check_torch(Q, K, V, finite=False)  # T_q, T_k and d_k >= 1 exist
     if causal != "bottom-right":
         return 0
     T_q, T_k = Q.shape[-2], K.shape[-2]

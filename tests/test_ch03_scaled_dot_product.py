@@ -243,6 +243,19 @@ def test_bad_shapes_raise(shapes, message):
         sdpa(Q, K, V)
 
 
+@pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
+def test_shape_check_names_what_has_no_shape(Q):
+    """check_qkv_shapes, printed in chapters 3 and 8, reads .shape: a list,
+    None or a float raised AttributeError (issue 47, fresh review F3)."""
+    K = torch.ones(3, 2)
+    with pytest.raises(
+        ValueError, match=r"Q must have shape \(\.\.\., T, size\)"
+    ):
+        attention.check_qkv_shapes(Q, K, K)
+    with pytest.raises(ValueError, match=r"V must have shape .* got float"):
+        attention.check_qkv_shapes(K, K, 2.0)
+
+
 @pytest.mark.parametrize(
     "mask, message",
     [

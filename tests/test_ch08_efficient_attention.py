@@ -348,12 +348,26 @@ def test_online_softmax_rejects_bad_streams(ch08, chunks, message):
             "mismatched batches",
         ),
         (((4, 3), (0, 3), (0, 3)), "at least one key"),
+        (((0, 3), (0, 3), (0, 3)), "at least one key"),  # flash.check_qkv's
+        (((1, 4, 3), (2, 4, 3), (2, 4, 3)), "mismatched batches"),  # broadcast
     ],
 )
 def test_bad_shapes_raise(ch08, fn, shapes, message):
     q, k, v = (torch.ones(s) for s in shapes)
     with pytest.raises(ValueError, match=message):
         getattr(ch08, fn)(q, k, v)
+
+
+@pytest.mark.parametrize("fn", ["check_qkv", "check_qkv_shapes"])
+@pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
+def test_printed_checks_name_what_has_no_shape(ch08, fn, Q):
+    """The chapter prints both checks; they raised AttributeError on a list,
+    None or a float (issue 47, fresh review F3)."""
+    K = np.ones((4, 2))
+    with pytest.raises(
+        ValueError, match=r"Q must have shape \(\.\.\., T, size\)"
+    ):
+        getattr(ch08, fn)(Q, K, K)
 
 
 @pytest.mark.parametrize("fn", ["attention_loop", "attention_numpy"])
@@ -391,9 +405,9 @@ def test_tiled_rejects_bad_tensors(ch08):
         ch08.tiled_attention(q.clone().fill_(float("nan")), k, v)
     with pytest.raises(ValueError, match="one dtype"):
         ch08.tiled_attention(q.float(), k, v)
-    with pytest.raises(ValueError, match="floating point"):
+    with pytest.raises(ValueError, match="floating-point torch tensor"):
         ch08.tiled_attention(*(t.long() for t in (q, k, v)))
-    with pytest.raises(ValueError, match="torch tensors"):
+    with pytest.raises(ValueError, match="floating-point torch tensor"):
         ch08.tiled_attention(q.numpy(), k, v)
 
 
@@ -619,6 +633,7 @@ FROM_FLASH = (
     "check_qkv",
     "check_qkv_shapes",  # attention.py's, which flash.py imports
     "check_torch",
+    "check_qkv_tensors",  # attention.py's, which check_torch calls
     "tile_schedule",
     "augment",
     "raise_reference",

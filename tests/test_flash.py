@@ -279,7 +279,7 @@ def test_fast_rejects_bad_tensors():
         flash.fast_attention(q, k.clone().fill_(float("inf")), v)
     with pytest.raises(ValueError, match="one dtype"):
         flash.fast_attention(q, k.float(), v)
-    with pytest.raises(ValueError, match="torch tensors"):
+    with pytest.raises(ValueError, match="floating-point torch tensor"):
         flash.fast_attention(q, k, v.numpy())
 
 
@@ -484,7 +484,7 @@ def test_flash_attention_rejects_bad_tensors():
         flash.flash_attention(q, k.clone().fill_(float("nan")), v)
     with pytest.raises(ValueError, match="one dtype"):
         flash.flash_attention(q, k.float(), v)
-    with pytest.raises(ValueError, match="torch tensors"):
+    with pytest.raises(ValueError, match="floating-point torch tensor"):
         flash.flash_attention(q, k, v.numpy())
     with pytest.raises(ValueError, match="same size d_k"):
         flash.flash_attention(q, k[..., :4], v)
@@ -493,9 +493,12 @@ def test_flash_attention_rejects_bad_tensors():
 @pytest.mark.parametrize(
     "Q, message",
     [
-        (torch.randn(10), r"Q must have shape \(\.\.\., T, size\)"),
-        ([[1.0, 2.0]], "torch tensors"),
-        (None, "torch tensors"),
+        (
+            torch.randn(10, dtype=torch.float64),
+            r"Q must have shape \(\.\.\., T, size\)",
+        ),
+        ([[1.0, 2.0]], "floating-point torch tensor"),
+        (None, "floating-point torch tensor"),
     ],
 )
 def test_bottom_right_checks_the_tensors_before_reading_their_shapes(
@@ -545,6 +548,75 @@ def test_fast_attention_and_backward_refuse_d_k_zero():
         flash.flash_backward(q, k, v, C, lse, torch.ones_like(C))
 
 
+# --- review of the shared checks (issue 47, fresh review F2-F5) ---------------
+
+
+def flash_programs(q, k, v):
+    """flash_attention, fast_attention and flash_backward on q, k, v (the
+    backward with C, lse and dC of their shapes, on q's device)."""
+    C = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    return [
+        lambda: flash.flash_attention(q, k, v),
+        lambda: flash.fast_attention(q, k, v),
+        lambda: flash.flash_backward(q, k, v, C, lse, torch.ones_like(C)),
+    ]
+
+
+def test_programs_refuse_tensors_on_other_devices():
+    """K on the meta device raised RuntimeError (the forward) or
+    NotImplementedError (the backward); all three on it as well: the
+    buffers are on the CPU."""
+    q, k, v = qkv(5)
+    for run in flash_programs(q, k.to("meta"), v):
+        with pytest.raises(ValueError, match="one device"):
+            run()
+    meta = [t.to("meta") for t in (q, k, v)]
+    for run in flash_programs(*meta):
+        with pytest.raises(ValueError, match="on the CPU"):
+            run()
+    C, lse = flash.fast_attention(q, k, v, return_lse=True)
+    for i, name in enumerate(("C", "lse", "dC")):
+        args = [C, lse, torch.ones_like(C)]
+        args[i] = args[i].to("meta")
+        with pytest.raises(ValueError, match=f"{name} is .* on meta, Q is"):
+            flash.flash_backward(q, k, v, *args)
+
+
+@pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
+def test_check_qkv_names_what_has_no_shape(Q):
+    """flash.check_qkv (NumPy arrays or tensors) raised AttributeError."""
+    _, k, v = qkv(3)
+    with pytest.raises(
+        ValueError, match=r"Q must have shape \(\.\.\., T, size\)"
+    ):
+        flash.check_qkv(Q, k, v)
+
+
+def test_no_query_and_no_key_is_refused():
+    """T_q = T_k = 0 passes the shared check (an empty result there); flash's
+    check_qkv refuses it: without that check the programs raise RuntimeError."""
+    q, k, v = qkv(0, 0, d_v=5)
+    for run in flash_programs(q, k, v):
+        with pytest.raises(
+            ValueError, match="attention needs at least one key"
+        ):
+            run()
+
+
+def test_batches_that_only_broadcast_are_refused():
+    """Q (1, 4, 3) with K and V (2, 4, 3) broadcast, but the programs
+    reshape to one batch-and-heads axis: same_batch=True refuses them."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 3, generator=gen, dtype=torch.float64)
+    k, v = (
+        torch.randn(2, 4, 3, generator=gen, dtype=torch.float64) for _ in "kv"
+    )
+    for run in flash_programs(q, k, v):
+        with pytest.raises(ValueError, match="mismatched batches"):
+            run()
+
+
 def backward_inputs(T=9):
     q, k, v = qkv(T, d_v=5)
     C, lse = flash.fast_attention(q, k, v, return_lse=True)
@@ -557,12 +629,12 @@ def test_flash_backward_refuses_bad_inputs():
         ((q, k, v, C[..., :4], lse, dC), r"C must have shape \(2, 3, 9, 5\)"),
         ((q, k, v, C, lse[..., :8], dC), r"lse must have shape \(2, 3, 9\)"),
         ((q, k, v, C, lse, dC[:1]), r"dC must have shape"),
-        ((q, k, v, C, lse, dC.float()), "dC is torch.float32, Q is"),
+        ((q, k, v, C, lse, dC.float()), "dC is torch.float32 on cpu, Q is"),
         ((q, k, v, C, lse.float(), dC), "lse is torch.float32"),
         ((q, k, v, C, lse, dC.numpy()), "dC must be a torch tensor"),
         ((q, k[..., :4], v, C, lse, dC), "same size d_k"),
         ((q, k.float(), v, C, lse, dC), "one dtype"),
-        ((q.long(), k.long(), v.long(), C, lse, dC), "floating point"),
+        ((q.long(), k.long(), v.long(), C, lse, dC), "floating-point"),
     ]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
