@@ -61,6 +61,8 @@ def check_scores_finite(E, mask=None):
 def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
     """Raise a ValueError that names the problem unless the inputs fit."""
     check_qkv_tensors(Q, K, V)
+    if Q.device.type == "meta":  # shapes without values: nothing to check
+        raise ValueError("Q, K and V are on meta: attention needs values")
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} contains NaN or infinite values")
@@ -70,7 +72,7 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if mask is not None:
-        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
+        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
 
 
 def check_qkv_tensors(Q, K, V):
@@ -146,14 +148,16 @@ def check_d_k(d_k):
         )
 
 
-def check_mask(mask, scores_shape):
-    """Raise ValueError unless mask is a boolean tensor that broadcasts to
-    scores_shape (no larger)."""
+def check_mask(mask, scores_shape, device):
+    """Raise ValueError unless mask is a boolean tensor on Q's device that
+    broadcasts to scores_shape (no larger)."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = getattr(mask, "dtype", type(mask).__name__)
         raise ValueError(
             f"mask must be a boolean tensor (True = attend), got {got}"
         )
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device}, Q on {device}")
     try:
         fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
     except RuntimeError:

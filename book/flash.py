@@ -46,7 +46,7 @@ def check_torch(Q, K, V, finite=True):
     check_qkv_tensors(Q, K, V)  # attention.py's: one dtype and one device
     if Q.device.type != "cpu":
         raise ValueError(
-            f"Q, K and V are on {Q.device}: flash runs on the CPU"
+            f"Q, K and V are on {Q.device}: these programs run on the CPU"
         )
     check_qkv(Q, K, V)
     if finite and not all(torch.isfinite(t).all() for t in (Q, K, V)):
@@ -364,14 +364,16 @@ def flash_backward(
 
 def check_backward(Q, K, V, C, lse, dC, inside, base2):
     """ValueError unless flash_backward's tensors fit: Q, K, V as for
-    fast_attention (check_torch; not checked for NaN again), C and dC
-    (..., T_q, d_v) and lse (..., T_q), finite, all of one dtype and device;
-    inside and base2 True or False (causal and the offset: in
-    tile_schedule)."""
+    fast_attention (check_torch), C and dC (..., T_q, d_v) and lse
+    (..., T_q), all finite and of one dtype and device; inside and base2
+    True or False (causal and the offset: in tile_schedule)."""
     for name, t in (("C", C), ("lse", lse), ("dC", dC)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch tensor")
-    check_torch(Q, K, V, finite=False)
+    check_torch(Q, K, V, finite=False)  # finite: below, naming the tensor
+    for name, x in (("Q", Q), ("K", K), ("V", V)):
+        if not torch.isfinite(x).all():  # else NaN gradients, no error
+            raise ValueError(f"{name} contains NaN or infinite values")
     output = (*Q.shape[:-1], V.shape[-1])  # (..., T_q, d_v)
     for name, t, shape in (
         ("C", C, output),

@@ -152,7 +152,7 @@ class AlibiSelfAttention(SelfAttention):
                 raise ValueError("a cached call takes no mask")
             cache.check_layer(self.w, self.causal)
             K, V, pos_k = cache.update(K, V)
-        check_mask(mask, (*Q.shape[:-1], K.shape[-2]))
+        check_mask(mask, (*Q.shape[:-1], K.shape[-2]), Q.device)
         if self.causal or cache is not None:
             allowed = allowed_positions(pos_q, pos_k, None, self.causal)
             mask = allowed if mask is None else check_rows(mask & allowed)
@@ -993,9 +993,9 @@ def check_caches(caches, layers):
         check_cache(cache)
 
 
-def check_mask(mask, shape):
-    """Raise ValueError unless mask is None or a boolean tensor that
-    broadcasts to shape."""
+def check_mask(mask, shape, device):
+    """Raise ValueError unless mask is None or a boolean tensor on device
+    (Q's) that broadcasts to shape."""
     if mask is not None and not (
         is_bool_tensor(mask) and broadcasts(mask.shape, shape)
     ):
@@ -1003,6 +1003,8 @@ def check_mask(mask, shape):
             f"mask must be a boolean tensor that broadcasts to {tuple(shape)}, "
             f"got {describe(mask)}"
         )
+    if mask is not None and mask.device != device:
+        raise ValueError(f"mask is on {mask.device}, Q on {device}")
 
 
 def check_attention_inputs(Q, K, V, mask=None, bias=None):
@@ -1024,7 +1026,9 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
             )
         if bias.dtype != Q.dtype:
             raise ValueError(f"mixed dtypes: Q {Q.dtype}, bias {bias.dtype}")
-    check_mask(mask, scores)
+        if bias.device != Q.device:
+            raise ValueError(f"bias is on {bias.device}, Q on {Q.device}")
+    check_mask(mask, scores, Q.device)
     if mask is not None and T_q > 0:
         check_rows(mask)
 

@@ -73,7 +73,7 @@ def check_qkv(Q, K, V, mask=None):
     check_qkv_tensors(Q, K, V)
     batch = check_qkv_shapes(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
-        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
+        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
 
 
 def check_heads(d, H):
@@ -447,7 +447,7 @@ def check_call(layer, x, mask, cache):
             raise ValueError("a cached call takes no mask")
     elif mask is not None:
         B, T, _ = x.shape
-        check_mask(mask, (B, layer.H, T, T))
+        check_mask(mask, (B, layer.H, T, T), x.device)
 
 
 def check_input(x, weight):

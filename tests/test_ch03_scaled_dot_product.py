@@ -303,6 +303,23 @@ def test_mixed_devices_raise():
         sdpa(Q, K, V)
 
 
+def test_mask_on_another_device_raises():
+    """A mask on another device than Q was a RuntimeError from masked_fill
+    (fresh review of issue 47, round 2); now a ValueError naming both."""
+    Q, K, V = torch.ones(3, 4), torch.ones(3, 4), torch.ones(3, 4)
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        sdpa(Q, K, V, mask=mask)
+
+
+def test_meta_tensors_raise():
+    """Q, K and V on meta (shapes without values) were a RuntimeError from
+    the finiteness check; now a ValueError naming the device."""
+    Q, K, V = (torch.ones(3, 4, device="meta") for _ in range(3))
+    with pytest.raises(ValueError, match=r"^Q, K and V are on meta"):
+        sdpa(Q, K, V)
+
+
 @pytest.mark.parametrize("T_k", [3, 0])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_no_query_gives_an_empty_result_as_torch(T_k, with_mask):

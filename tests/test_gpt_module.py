@@ -348,6 +348,24 @@ def test_attend_names_bad_inputs(Q, K, V, mask, message):
         transformer.attend(Q, K, V, mask)
 
 
+@pytest.mark.parametrize("rows_checked", [False, True])
+def test_attend_refuses_a_mask_on_another_device(rows_checked):
+    """A mask on another device than Q was a RuntimeError (from the row
+    check or masked_fill; fresh review of issue 47, round 2)."""
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        transformer.attend(
+            ones(3, 4), ones(3, 4), ones(3, 4), mask, rows_checked
+        )
+
+
+def test_self_attention_refuses_a_mask_on_another_device():
+    layer = transformer.SelfAttention(8, 2)
+    mask = torch.ones(5, 5, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        layer(ones(2, 5, 8), mask)
+
+
 def test_attend_refuses_d_k_zero_and_a_query_without_key():
     """d_k = 0 (scores / sqrt(0): NaN) and a query whose every key is masked
     (a softmax of -inf only: NaN) are ValueErrors naming them (issue 47), as

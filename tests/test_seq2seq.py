@@ -102,6 +102,19 @@ def test_alibi_bias_bad_input():
     assert alibi_bias(4, pos[:0], pos).shape == (4, 0, 3)  # no query
 
 
+def test_attend_biased_refuses_mask_or_bias_on_another_device():
+    """A mask or bias on another device than Q was a RuntimeError (fresh
+    review of issue 47, round 2); now a ValueError naming both devices."""
+    Q, K, V = qkv()
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^mask is on meta, Q on cpu$", attend_biased, Q, K, V, mask)
+    raises("^bias is on meta, Q on cpu$", attend_biased, Q, K, V, None, bias)
+    layer = seq2seq.AlibiSelfAttention(8, 2)  # checks the mask first
+    square = torch.ones(5, 5, dtype=torch.bool, device="meta")
+    raises("^mask is on meta, Q on cpu$", layer, torch.ones(2, 5, 8), square)
+
+
 def test_attend_biased_bad_input():
     Q, K, V = qkv()
     bias = torch.zeros(3, 4, 5, dtype=torch.float64)
