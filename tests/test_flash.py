@@ -595,7 +595,9 @@ def test_check_qkv_names_what_has_no_shape(Q):
 
 def test_no_query_and_no_key_is_refused():
     """T_q = T_k = 0 passes the shared check (an empty result there); flash's
-    check_qkv refuses it: without that check the programs raise RuntimeError."""
+    check_qkv refuses it: without that check flash_attention and
+    fast_attention raise RuntimeError, flash_backward returns empty
+    gradients."""
     q, k, v = qkv(0, 0, d_v=5)
     for run in flash_programs(q, k, v):
         with pytest.raises(
