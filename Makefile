@@ -164,8 +164,8 @@ outputs: $(STAMP)
 # - ch07: chapter 7's training times (printed only; tools/bench/bench_sentiment.py);
 # - ch08: chapter 8's median time, GFLOP/s and peak extra memory of each
 #   attention program for T = 256 ... 4096, its ablation and tile sweep, and
-#   the same at 4096 on two threads (about 20 minutes on 2026-11-27, 2-core
-#   AMD EPYC, helpers on the machine: see CONTRIBUTING.md; then
+#   the same at 4096 on two threads (23.5 minutes on 2026-12-07, 2-core
+#   AMD EPYC, quiet: see CONTRIBUTING.md; then
 #   `make outputs NB=book/08_efficient_attention.ipynb`);
 # - ch10: chapter 10's training and generation times (tools/bench/bench_gpt.py);
 # - ch11: chapter 11's prefill, decode, bandwidth, per-operation,
@@ -271,8 +271,8 @@ train-circuits: $(STAMP)
 	$(BIN)/python tools/train/train_circuits.py
 
 # Every training target, one after the other (chapters 6, 7 and 9 train on one
-# thread and log their CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all,
-# which chapter 12's train-variants alone exceeds: see CONTRIBUTING.md).
+# thread and log their CPU and wall seconds; issue 46's budget: 60 minutes of CPU in
+# all, 3 per model; about 2,660 s by the logs: see CONTRIBUTING.md).
 .PHONY: train
 train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq train-circuits
 

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_d_k
+from attention import check_qkv_shapes, check_qkv_tensors
 from transformer import (
     Cache,
     EncoderBlock,
@@ -152,7 +152,7 @@ class AlibiSelfAttention(SelfAttention):
                 raise ValueError("a cached call takes no mask")
             cache.check_layer(self.w, self.causal)
             K, V, pos_k = cache.update(K, V)
-        check_mask(mask, (*Q.shape[:-1], K.shape[-2]))
+        check_mask(mask, (*Q.shape[:-1], K.shape[-2]), Q.device)
         if self.causal or cache is not None:
             allowed = allowed_positions(pos_q, pos_k, None, self.causal)
             mask = allowed if mask is None else check_rows(mask & allowed)
@@ -993,9 +993,9 @@ def check_caches(caches, layers):
         check_cache(cache)
 
 
-def check_mask(mask, shape):
-    """Raise ValueError unless mask is None or a boolean tensor that
-    broadcasts to shape."""
+def check_mask(mask, shape, device):
+    """Raise ValueError unless mask is None or a boolean tensor on device
+    (Q's) that broadcasts to shape."""
     if mask is not None and not (
         is_bool_tensor(mask) and broadcasts(mask.shape, shape)
     ):
@@ -1003,6 +1003,8 @@ def check_mask(mask, shape):
             f"mask must be a boolean tensor that broadcasts to {tuple(shape)}, "
             f"got {describe(mask)}"
         )
+    if mask is not None and mask.device != device:
+        raise ValueError(f"mask is on {mask.device}, Q on {device}")
 
 
 def check_attention_inputs(Q, K, V, mask=None, bias=None):
@@ -1010,31 +1012,11 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
     (..., T_k, d_v) are float tensors of one dtype with the same leading
     axes (batch, heads), every query has a key, and mask (boolean) and
     bias (Q's dtype) broadcast to the scores (..., T_q, T_k). T_q = 0 is
-    allowed: no query, an empty result."""
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if not is_float_tensor(t) or t.dim() < 2:
-            raise ValueError(
-                f"{name} must be a float tensor (..., T, d), got {describe(t)}"
-            )
-    if not Q.dtype == K.dtype == V.dtype:
-        raise ValueError(
-            f"mixed dtypes: Q {Q.dtype}, K {K.dtype}, V {V.dtype}"
-        )
-    if not Q.shape[:-2] == K.shape[:-2] == V.shape[:-2]:
-        raise ValueError(
-            f"mismatched batches: Q {tuple(Q.shape)}, K {tuple(K.shape)} and "
-            f"V {tuple(V.shape)} must share their leading axes"
-        )
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            f"queries of size {Q.shape[-1]}, keys of size {K.shape[-1]}"
-        )
-    if K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"{K.shape[-2]} keys but {V.shape[-2]} values")
-    check_d_k(K.shape[-1])  # the scale 1 / sqrt(d_k) needs d_k >= 1
+    allowed: no query, an empty result. Q, K and V: attention.py's
+    checks, with equal leading axes."""
+    check_qkv_tensors(Q, K, V)  # float tensors, one dtype and device
+    check_qkv_shapes(Q, K, V, same_batch=True)  # d_k >= 1, T_k, batches
     T_q, T_k = Q.shape[-2], K.shape[-2]
-    if T_k == 0 and T_q > 0:
-        raise ValueError("an empty key sequence: the queries have no key")
     scores = (*Q.shape[:-1], T_k)
     if bias is not None:
         if not is_float_tensor(bias) or not broadcasts(bias.shape, scores):
@@ -1044,7 +1026,9 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
             )
         if bias.dtype != Q.dtype:
             raise ValueError(f"mixed dtypes: Q {Q.dtype}, bias {bias.dtype}")
-    check_mask(mask, scores)
+        if bias.device != Q.device:
+            raise ValueError(f"bias is on {bias.device}, Q on {Q.device}")
+    check_mask(mask, scores, Q.device)
     if mask is not None and T_q > 0:
         check_rows(mask)
 

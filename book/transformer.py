@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_batch_and_keys, check_mask
+from attention import check_mask, check_qkv_shapes, check_qkv_tensors
 from flash import flash_attention
 
 
@@ -65,31 +65,15 @@ def check_count(name, n, low=1):
 def check_qkv(Q, K, V, mask=None):
     """Raise ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k) and
     V (..., T_k, d_v) are floating-point tensors of one dtype and device
-    whose leading axes broadcast, with d_k >= 1 and a key for any query
-    (attention.check_batch_and_keys), and mask is None
-    or a boolean tensor that broadcasts to the scores (..., T_q, T_k).
-    Shapes only, never values: no tensor operation is added to a step."""
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor")
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} must be (..., T, size), got {shape_of(t)}"
-            )
-        if t.dtype != Q.dtype or t.device != Q.device:
-            raise ValueError(
-                f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
-                f"{Q.device}: Q, K and V need one dtype and one device"
-            )
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(
-            f"Q (..., T_q, d_k), K (..., T_k, d_k) and V (..., T_k, d_v) do "
-            f"not fit: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V "
-            f"{tuple(V.shape)}"
-        )
-    batch = check_batch_and_keys(Q, K, V)  # d_k >= 1, keys, batch axes
+    (attention.check_qkv_tensors) whose leading axes broadcast, with
+    d_k >= 1 and a key for any query (attention.check_qkv_shapes), and
+    mask is None or a boolean tensor that broadcasts to the scores
+    (..., T_q, T_k). Shapes only, never values: no tensor operation is
+    added to a step."""
+    check_qkv_tensors(Q, K, V)
+    batch = check_qkv_shapes(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
-        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
+        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
 
 
 def check_heads(d, H):
@@ -463,7 +447,7 @@ def check_call(layer, x, mask, cache):
             raise ValueError("a cached call takes no mask")
     elif mask is not None:
         B, T, _ = x.shape
-        check_mask(mask, (B, layer.H, T, T))
+        check_mask(mask, (B, layer.H, T, T), x.device)
 
 
 def check_input(x, weight):

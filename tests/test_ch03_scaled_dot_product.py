@@ -243,6 +243,19 @@ def test_bad_shapes_raise(shapes, message):
         sdpa(Q, K, V)
 
 
+@pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
+def test_shape_check_names_what_has_no_shape(Q):
+    """check_qkv_shapes, printed in chapters 3 and 8, reads .shape: a list,
+    None or a float raised AttributeError (issue 47, fresh review F3)."""
+    K = torch.ones(3, 2)
+    with pytest.raises(
+        ValueError, match=r"Q must have shape \(\.\.\., T, size\)"
+    ):
+        attention.check_qkv_shapes(Q, K, K)
+    with pytest.raises(ValueError, match=r"V must have shape .* got float"):
+        attention.check_qkv_shapes(K, K, 2.0)
+
+
 @pytest.mark.parametrize(
     "mask, message",
     [
@@ -287,6 +300,23 @@ def test_mixed_devices_raise():
     Q, V = torch.ones(2, 4), torch.ones(3, 4)
     K = torch.ones(3, 4, device="meta")  # a second device on any machine
     with pytest.raises(ValueError, match=r"K is torch\.float32 on meta"):
+        sdpa(Q, K, V)
+
+
+def test_mask_on_another_device_raises():
+    """A mask on another device than Q was a RuntimeError from masked_fill
+    (fresh review of issue 47, round 2); now a ValueError naming both."""
+    Q, K, V = torch.ones(3, 4), torch.ones(3, 4), torch.ones(3, 4)
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        sdpa(Q, K, V, mask=mask)
+
+
+def test_meta_tensors_raise():
+    """Q, K and V on meta (shapes without values) were a RuntimeError from
+    the finiteness check; now a ValueError naming the device."""
+    Q, K, V = (torch.ones(3, 4, device="meta") for _ in range(3))
+    with pytest.raises(ValueError, match=r"^Q, K and V are on meta"):
         sdpa(Q, K, V)
 
 

@@ -102,21 +102,46 @@ def test_alibi_bias_bad_input():
     assert alibi_bias(4, pos[:0], pos).shape == (4, 0, 3)  # no query
 
 
+def test_attend_biased_refuses_mask_or_bias_on_another_device():
+    """A mask or bias on another device than Q was a RuntimeError (fresh
+    review of issue 47, round 2); now a ValueError naming both devices."""
+    Q, K, V = qkv()
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^mask is on meta, Q on cpu$", attend_biased, Q, K, V, mask)
+    raises("^bias is on meta, Q on cpu$", attend_biased, Q, K, V, None, bias)
+    layer = seq2seq.AlibiSelfAttention(8, 2)  # checks the mask first
+    square = torch.ones(5, 5, dtype=torch.bool, device="meta")
+    raises("^mask is on meta, Q on cpu$", layer, torch.ones(2, 5, 8), square)
+
+
 def test_attend_biased_bad_input():
     Q, K, V = qkv()
     bias = torch.zeros(3, 4, 5, dtype=torch.float64)
-    raises("mixed dtypes: Q", attend_biased, Q.float(), K, V)
-    raises("mixed dtypes: Q", attend_biased, Q, K, V.float())
+    raises(
+        "K is torch.float64 on cpu, Q is torch.float32",
+        attend_biased,
+        Q.float(),
+        K,
+        V,
+    )
+    raises(
+        "V is torch.float32 on cpu, Q is torch.float64",
+        attend_biased,
+        Q,
+        K,
+        V.float(),
+    )
     raises("mixed dtypes: Q", attend_biased, Q, K, V, None, bias.float())
     raises("mismatched batches", attend_biased, Q[:1], K, V)
     raises("mismatched batches", attend_biased, Q, K[:, :2], V)
+    raises("same size d_k: Q has 8, K has 4", attend_biased, Q, K[..., :4], V)
+    raises("K has 5 rows, V has 4", attend_biased, Q, K, V[:, :, :4])
     raises(
-        "queries of size 8, keys of size 4", attend_biased, Q, K[..., :4], V
+        "at least one key for its", attend_biased, Q, K[:, :, :0], V[:, :, :0]
     )
-    raises("5 keys but 4 values", attend_biased, Q, K, V[:, :, :4])
-    raises("empty key sequence", attend_biased, Q, K[:, :, :0], V[:, :, :0])
     raises("got d_k = 0", attend_biased, Q[..., :0], K[..., :0], V, None, bias)
-    raises("float tensor", attend_biased, Q.long(), K, V)
+    raises("Q must be a floating-point", attend_biased, Q.long(), K, V)
     raises("bias must be", attend_biased, Q, K, V, None, bias[..., :4])
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 5))
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 6).bool())
@@ -177,7 +202,12 @@ def test_cross_attention_bad_input():
     raises("kv must be the pair", attention, x, kv[0])
     raises("kv must be the pair", attention, x, (kv[0], "V"))
     raises("K and V differ", attention, x, (kv[0], kv[1][:, :, :4]))
-    raises("mixed dtypes: Q", attention, x, (kv[0].float(), kv[1].float()))
+    raises(
+        "K is torch.float32 on cpu, Q is torch.float64",
+        attention,
+        x,
+        (kv[0].float(), kv[1].float()),
+    )
     raises(
         "no key", attention, x, kv, torch.zeros(2, 1, 1, 5, dtype=torch.bool)
     )
