@@ -11,7 +11,7 @@ references written here, on cases the chapter never prints:
   eigenvalues; `find_heads` and `induction_heads` on hand-built tables;
   `by_offset` and `max_over` on hand-built weights;
   `previous_share` on a model built to attend to the previous position;
-  `accuracy` against Wilson's formula written out.
+  `accuracy` against Wilson's formula written out, n = the sequences.
 """
 
 import math
@@ -170,21 +170,21 @@ def test_previous_share_on_a_built_model(ch15):
     assert ch15.previous_share(model, 1) == 0.0  # it looks at itself
 
 
-def test_accuracy_is_wilsons(ch15):
+def test_accuracy_counts_sequences(ch15):
+    """accuracy: the share of in-context targets right, and Wilson's
+    interval for it with n = the number of sequences (not of targets)."""
     torch.manual_seed(0)
     model = circuits.AttnOnly(layers=1, **circuits.SIZES).double()
     gen = torch.Generator().manual_seed(4)
-    ch15.held = circuits.repeated_segments(8, 64, 64, gen)
+    ch15.sub = circuits.repeated_segments(8, 64, 64, gen)
     p, low, high = ch15.accuracy(model)
-    _, _, right, total = circuits.in_context_metrics(model, *ch15.held)
-    z, n = 1.959963984540054, total
-    centre = (right / n + z * z / (2 * n)) / (1 + z * z / n)
+    _, _, right, total = circuits.in_context_metrics(model, *ch15.sub)
+    z, n, q = 1.959963984540054, 8, right / total
+    centre = (q + z * z / (2 * n)) / (1 + z * z / n)
     half = (
-        z
-        / (1 + z * z / n)
-        * math.sqrt(right / n * (1 - right / n) / n + z * z / (4 * n * n))
+        z / (1 + z * z / n) * math.sqrt(q * (1 - q) / n + z * z / (4 * n * n))
     )
-    assert p == right / total
+    assert total > 8 * 15 and p == q
     assert (low, high) == pytest.approx(
-        (centre - half, centre + half), abs=1e-12
+        (max(0.0, centre - half), min(1.0, centre + half)), abs=1e-12
     )
