@@ -178,7 +178,7 @@ def window_reach(pairs, w):
     asks for each pair with probability 1 / N and the share is the count of
     pairs (r, m) within reach over N^2. For N = 8 and w = 16: 36 / 64."""
     check_count("pairs", pairs)
-    if pairs > KEYS:
+    if KEYS < pairs:  # mqar_batch's limit
         raise ValueError(f"pairs = {pairs} exceeds the {KEYS} distinct keys")
     check_count("w", w)
     N = pairs
