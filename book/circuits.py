@@ -130,6 +130,7 @@ class AttnOnly(nn.Module):
         """Weights A (B, H, T, T) of layer `layer`: queries from x_q, keys
         from x_k (default x_q), causal softmax of Q K^T / sqrt(d_k)."""
         x_k = x_q if x_k is None else x_k
+        self.check_inputs(layer, x_q, x_k)
         Q = torch.einsum("btd,hdk->bhtk", x_q, self.W_Q[layer])
         K = torch.einsum("btd,hdk->bhtk", x_k, self.W_K[layer])
         scores = Q @ K.transpose(-2, -1) / self.d_k**0.5  # (B, H, T, T)
@@ -139,8 +140,24 @@ class AttnOnly(nn.Module):
 
     def head_outputs(self, layer, x, A):
         """Each head's output A_h X W_V W_O (B, H, T, d)."""
+        self.check_inputs(layer, x)
         V = torch.einsum("btd,hdk->bhtk", x, self.W_V[layer])
         return torch.einsum("bhtk,hkd->bhtd", A @ V, self.W_O[layer])
+
+    def check_inputs(self, layer, *xs):
+        """Raise ValueError unless layer is one of the model's and each x a
+        (B, T, d) tensor."""
+        check_heads(self, [(layer, 0)], "layer")
+        for x in xs:
+            if (
+                not isinstance(x, torch.Tensor)
+                or x.dim() != 3
+                or (x.shape[-1] != self.d)
+            ):
+                raise ValueError(
+                    f"x must be a (B, T, d = {self.d}) tensor, got "
+                    f"{tuple(x.shape) if isinstance(x, torch.Tensor) else x!r}"
+                )
 
     def forward(self, tokens, ablate=(), key_ablate=(), return_weights=False):
         """Logits (B, T, vocab); with return_weights, also every layer's
@@ -234,6 +251,8 @@ def circuit_scores(x, W_QK, d_k):
             f"{tuple(W_QK.shape)}"
         )
     check_count("d_k", d_k)
+    check_finite("x", x)
+    check_finite("W_QK", W_QK)
     return x @ W_QK @ x.transpose(-2, -1) / d_k**0.5
 
 
@@ -250,6 +269,8 @@ def circuit_output(A, x, W_OV):
             f"shapes do not fit: A {tuple(A.shape)}, x {tuple(x.shape)}, "
             f"W_OV {tuple(W_OV.shape)}"
         )
+    for name, t in (("A", A), ("x", x), ("W_OV", W_OV)):
+        check_finite(name, t)
     return torch.einsum("bhts,bsd,hde->bte", A, x, W_OV)
 
 
@@ -305,6 +326,7 @@ def rotary_scores(layer, x, head):
     check_tensor("x", x, 3)
     if x.shape[-1] != d:
         raise ValueError(f"x must be (B, T, d = {d}), got {tuple(x.shape)}")
+    check_finite("x", x)
     if layer.G != layer.H:
         raise ValueError("rotary_scores takes a layer with G = H")
     check_count("head", head, 0)
@@ -619,6 +641,8 @@ def t_interval(values, level=0.95):
         for v in values
     ):
         raise ValueError(f"values must be finite numbers, got {values!r}")
+    if not finite(level) or not 0 < level < 1:
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))

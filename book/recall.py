@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt import GPT
+from gpt import GPT, embed_tokens
 from transformer import RotarySelfAttention
 from variants import LinearAttention
 
@@ -230,7 +230,9 @@ class PreviousToken(nn.Module):
         return self.token.weight
 
     def forward(self, tokens):
-        x = self.token(tokens)  # (B, T, d); ValueError: a bad id
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            raise ValueError("tokens must be a (B, T) tensor of token ids")
+        x = embed_tokens(tokens, self.token.weight)  # ValueError: a bad id
         before = self.previous(tokens[:, :-1])  # (B, T - 1, d)
         return torch.cat([x[:, :1], x[:, 1:] + before], dim=1)
 

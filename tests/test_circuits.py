@@ -544,6 +544,24 @@ def test_value_errors_name_the_problem():
             lambda: repeated_segments(2, 64, 64, torch.Generator(), start=1),
             "start",
         ),
+        (lambda: circuits.t_interval([1.0, 2.0], None), "level"),
+        (lambda: circuits.t_interval([1.0, 2.0], math.nan), "level"),
+        (lambda: model.pattern(0, None), "x must"),
+        (lambda: model.pattern(0, x[..., :4]), "x must"),
+        (lambda: model.pattern(1, x), "layer"),
+        (lambda: model.head_outputs(0, [1], None), "x must"),
+        (lambda: circuit_scores(x * math.nan, torch.eye(12), 4), "NaN"),
+        (lambda: circuit_scores(x, torch.eye(12) * math.inf, 4), "NaN"),
+        (
+            lambda: circuit_output(
+                torch.full((2, 3, 5, 5), math.nan), x, torch.zeros(3, 12, 12)
+            ),
+            "NaN",
+        ),
+        (
+            lambda: rotary_scores(layer, torch.full((1, 3, 8), math.nan), 0),
+            "NaN",
+        ),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -287,6 +287,7 @@ def test_value_errors_name_the_problem():
     """C2: None, lists, float counts and NaN give a named ValueError (they
     gave AttributeError, TypeError or RuntimeError)."""
     model = build_recall("mha", 16, 0)
+    plain = recall.PreviousToken(torch.nn.Embedding(4, 2), 4)  # IndexError
     x, y, query = mqar_batch(2, 2, torch.Generator().manual_seed(0))
     cases = [
         (lambda: recall_accuracy(None, x, y, query), "nn.Module"),
@@ -309,6 +310,9 @@ def test_value_errors_name_the_problem():
         (lambda: train_recall(model, 1, 0, [2], lr=math.nan), "lr"),
         (lambda: train_recall(model, 1, 0, [2], lr=None), "lr"),
         (lambda: recall.PreviousToken(None, VOCAB), "nn.Embedding"),
+        (lambda: model.embed([[1, 2]]), "tokens must"),
+        (lambda: model.embed(torch.tensor([1, 2])), "tokens must"),
+        (lambda: plain(torch.tensor([[1, 4]])), "outside the vocabulary"),
         (lambda: mqar_batch(2, 2.0, torch.Generator()), "pairs"),
     ]
     for call, match in cases:
