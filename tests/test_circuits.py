@@ -13,6 +13,7 @@ here, on random untrained models of sizes the chapter never uses:
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -413,3 +414,155 @@ def test_training_script_merges_into_missing_or_stored_tables(tmp_path):
     pd.DataFrame({"name": ["a", "b"], "x": [0, 2]}).to_csv(path, index=False)
     merged = tool.merge(path, new, ["a"], "name")
     assert sorted(zip(merged.name, merged.x)) == [("a", 1), ("b", 2)]
+
+
+class Sizes(torch.nn.Module):
+    """The model, recording the number of sequences of each call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, []
+
+    def forward(self, x, **ablation):
+        self.calls.append(len(x))
+        return self.model(x, **ablation)
+
+
+def test_in_context_metrics_in_chunks_equals_all_at_once(monkeypatch):
+    """B = 150, not a multiple of CHUNK = 64: the chunks 64, 64, 22 give
+    the losses of one call on all 150 (float64, within 1e-12) and the same
+    counts; the means are over all the targets, not means of chunk means."""
+    assert circuits.CHUNK == 64
+    model = model_of(2, vocab=40, context=32)
+    gen = torch.Generator().manual_seed(5)
+    x, y, ic = repeated_segments(150, 32, 40, gen, min_len=4, max_len=16)
+    sizes = Sizes(model)
+    got = circuits.in_context_metrics(sizes, x, y, ic, ablate={(1, 0)})
+    assert sizes.calls == [64, 64, 22]
+    logits = model(x, ablate={(1, 0)})
+    losses = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")
+    assert got[0] == pytest.approx(losses[ic].mean().item(), abs=1e-12)
+    assert got[1] == pytest.approx(losses[~ic].mean().item(), abs=1e-12)
+    right = logits.argmax(dim=-1) == y
+    assert got[2:] == (int(right[ic].sum()), int(ic.sum()))
+    monkeypatch.setattr(circuits, "CHUNK", 150)  # unchunked
+    whole = circuits.in_context_metrics(model, x, y, ic, ablate={(1, 0)})
+    assert got[:2] == pytest.approx(whole[:2], abs=1e-12)
+    assert got[2:] == whole[2:]
+
+
+def wilson_by_hand(p, n, z=1.959963984540054):
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = (
+        z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    )
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def test_sequence_interval_is_wilsons_with_n_sequences():
+    from seq2seq import wilson_interval
+
+    for right, total, sequences in [(90, 100, 10), (512, 1024, 8), (0, 60, 6)]:
+        got = circuits.sequence_interval(right, total, sequences)
+        want = wilson_by_hand(right / total, sequences)
+        assert got == pytest.approx(want, abs=1e-12)
+        narrow = wilson_interval(right, total)  # n = total: narrower
+        assert got[0] <= narrow[0] and got[1] >= narrow[1]
+    for right, total in [(7, 10), (0, 5), (5, 5), (300, 512)]:
+        assert circuits.sequence_interval(right, total, total) == (
+            wilson_interval(right, total)
+        )
+    assert circuits.sequence_interval(
+        np.int64(3), np.int64(9), 3, 0.9
+    ) == pytest.approx(wilson_by_hand(3 / 9, 3, 1.6448536269514722), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((3.0, 9, 3), "integers"),
+        ((3, 9, None), "integers"),
+        ((True, 9, 3), "integers"),
+        ((-1, 9, 3), "right <= total"),
+        ((10, 9, 3), "right <= total"),
+        ((3, 9, 0), "sequences"),
+        ((3, 9, 10), "sequences"),
+        ((3, 9, 3, 1.5), "level"),
+    ],
+)
+def test_sequence_interval_names_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        circuits.sequence_interval(*args)
+
+
+def test_value_errors_name_the_problem():
+    """C2: None, lists, float counts and NaN give a named ValueError (they
+    gave TypeError, AttributeError, NaN or an MKL error)."""
+    model = model_of(1)
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    nan = torch.full((4, 4), math.nan)
+    tokens = torch.tensor([1, 2, 1, 2])
+    held = repeated_segments(2, 32, 40, torch.Generator(), 4, 12)
+    layer = RotarySelfAttention(8, 2, causal=True)
+    cases = [
+        (lambda: drop_step([0], [None], 1.0), "not finite"),
+        (lambda: drop_step([0], [1.0], math.nan), "threshold"),
+        (lambda: drop_step(None, [1.0], 1.0), "lists"),
+        (lambda: circuit_scores(x, [[1]], 4), "W_QK"),
+        (lambda: circuit_output([1], x, torch.zeros(3, 12, 12)), "need A"),
+        (lambda: circuits.in_context_metrics(None, *held), "nn.Module"),
+        (lambda: circuits.in_context_metrics(model, None, *held[1:]), "x"),
+        (lambda: circuits.in_context_metrics(model, *held[:2], [1]), "in_c"),
+        (
+            lambda: circuits.in_context_metrics(
+                model, held[0], held[1].double(), held[2]
+            ),
+            "int64",
+        ),
+        (lambda: repeated_segments(2, 64, 64.0, torch.Generator()), "vocab"),
+        (lambda: repeated_segments(2, 64, None, torch.Generator()), "vocab"),
+        (lambda: previous_token(nan), "NaN"),
+        (lambda: prefix_matching(nan, tokens), "NaN"),
+        (lambda: same_token(nan, tokens), "NaN"),
+        (lambda: copying_score(nan), "NaN"),
+        (lambda: copying_score(torch.eye(3) * math.inf), "NaN"),
+        (lambda: qk_matrix(None, 0, 0), "AttnOnly"),
+        (lambda: ov_matrix([1], 0, 0), "AttnOnly"),
+        (lambda: path_expansion(None, None), "AttnOnly"),
+        (lambda: rotary_scores(None, x, 0), "RotarySelfAttention"),
+        (lambda: rotary_scores(layer, None, 0), "x must"),
+        (lambda: rotary_scores(layer, x, 0), "x must"),  # d = 12, not 8
+        (lambda: circuits.probe_sequence(4, 10.0, torch.Generator()), "voc"),
+        (lambda: circuits.probe_sequence(4, 10, None), "Generator"),
+        (lambda: circuits.train_induction(None, 1, 0), "AttnOnly"),
+        (lambda: circuits.train_induction(model, 1, 0.5), "seed"),
+        (lambda: circuits.train_induction(model, 1, 0, lr=math.nan), "lr"),
+        (lambda: model(held[0][:, :9], ablate=None), "ablate"),
+        (lambda: circuits.mean_on(None, None), "weights"),
+        (lambda: circuits.mean_on(torch.eye(3), torch.eye(3)), "keys"),
+        (
+            lambda: repeated_segments(2, 64, 64, torch.Generator(), start=1),
+            "start",
+        ),
+        (lambda: circuits.t_interval([1.0, 2.0], None), "level"),
+        (lambda: circuits.t_interval([1.0, 2.0], math.nan), "level"),
+        (lambda: model.pattern(0, None), "x must"),
+        (lambda: model.pattern(0, x[..., :4]), "x must"),
+        (lambda: model.pattern(1, x), "layer"),
+        (lambda: model.head_outputs(0, [1], None), "x must"),
+        (lambda: circuit_scores(x * math.nan, torch.eye(12), 4), "NaN"),
+        (lambda: circuit_scores(x, torch.eye(12) * math.inf, 4), "NaN"),
+        (
+            lambda: circuit_output(
+                torch.full((2, 3, 5, 5), math.nan), x, torch.zeros(3, 12, 12)
+            ),
+            "NaN",
+        ),
+        (
+            lambda: rotary_scores(layer, torch.full((1, 3, 8), math.nan), 0),
+            "NaN",
+        ),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()

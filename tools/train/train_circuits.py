@@ -24,12 +24,16 @@ window, linear attention, Gated DeltaNet, hybrid) at each width of WIDTHS,
 trained by `recall.train_recall` on PAIRS_TRAIN pairs (one count drawn per
 step, small counts more often) for RECALL_STEPS steps of RECALL_B
 sequences, seed 0, one thread; then its accuracy, in float64, on N_HELD
-held-out sequences at each count of PAIRS_EVAL. Stores the weights
-(book/data/circuits/recall_<name>_d<d>.pt), the summary
-(book/data/recall_train.csv: parameters, final loss, numbers held after
-the longest sequence, CPU and wall seconds) and the accuracies
-(book/data/recall_accuracy.csv: name, d, pairs, right, total, and the
-smallest gap between the two highest logits at an answer).
+held-out sequences at each count of PAIRS_EVAL (these settings are
+recall.py's STEPS, BATCH, LR, PAIRS_TRAIN, PAIRS_EVAL, N_HELD, HELD_SEED).
+Each model has the previous-token embedding (shift) but one probe,
+recall_linear_noshift_d64: linear attention, d = 64, without it. Stores
+the weights (book/data/circuits/recall_<name>_d<d>.pt, with _noshift
+after the name for the probe), the summary (book/data/recall_train.csv:
+parameters, final loss, numbers held after the longest sequence, CPU and
+wall seconds) and the accuracies (book/data/recall_accuracy.csv: name, d,
+shift, pairs, right, total, and the smallest gap between the two highest
+logits at an answer).
 
 Usage: python tools/train/train_circuits.py [--part induction|recall]
        [--steps N] [--only NAME ...]
@@ -66,19 +70,24 @@ LOG = BOOK / "data" / "circuits_train_log.csv"
 SUMMARY = BOOK / "data" / "circuits_train.csv"
 
 WIDTHS = (32, 64)
-# one count drawn per step, weighted to small N (cheaper steps); evaluated
-# beyond: no training sequence has 32 pairs
-PAIRS_TRAIN = (2, 2, 2, 4, 4, 8, 16)
-PAIRS_EVAL = (2, 4, 8, 16, 32)
-RECALL_STEPS = 600
-RECALL_B = 64  # sequences per step
-# every variant; 1e-2 drove linear attention's normaliser to 0
-RECALL_LR = 3e-3
-N_HELD = 256  # held-out sequences per count of pairs
-HELD_SEED = 20_000
+# book/recall.py's settings (the chapter prints them)
+PAIRS_TRAIN, PAIRS_EVAL = recall.PAIRS_TRAIN, recall.PAIRS_EVAL
+RECALL_STEPS, RECALL_B, RECALL_LR = recall.STEPS, recall.BATCH, recall.LR
+N_HELD, HELD_SEED = recall.N_HELD, recall.HELD_SEED
+
+
+def recall_model(name, d, shift):
+    """The file name of a recall model: recall_<name>_d<d>, with _noshift
+    after the name for a model without the previous-token embedding."""
+    return f"recall_{name}{'' if shift else '_noshift'}_d{d}"
+
+
+# file name: (name, d, shift); the last one a probe without PreviousToken
 RECALL_MODELS = {
-    f"recall_{name}_d{d}": (name, d) for d in WIDTHS for name in recall.RECALL
-}
+    recall_model(name, d, True): (name, d, True)
+    for d in WIDTHS
+    for name in recall.RECALL
+} | {recall_model("linear", 64, False): ("linear", 64, False)}
 RECALL_SUMMARY = BOOK / "data" / "recall_train.csv"
 RECALL_ACCURACY = BOOK / "data" / "recall_accuracy.csv"
 
@@ -126,7 +135,7 @@ def train_one(name, steps):
     return rows, summary
 
 
-def evaluate_recall(model, kind, d):
+def evaluate_recall(model, kind, d, shift=True):
     """One row per count of PAIRS_EVAL: the right answers of a float64 copy
     of the model on its N_HELD held-out sequences (float64, so that every
     processor finds the same argmaxes; the chapter checks the margin)."""
@@ -138,25 +147,26 @@ def evaluate_recall(model, kind, d):
         right, total = recall.recall_accuracy(model, x, y, query)
         gap = recall.top_gap(model, x, query)  # how far from a tie
         rows.append(
-            {"name": kind, "d": d, "pairs": N, "right": right, "total": total}
-            | {"gap": gap}
+            {"name": kind, "d": d, "shift": shift, "pairs": N}
+            | {"right": right, "total": total, "gap": gap}
         )
     return rows
 
 
 def train_recall_one(name, steps):
-    kind, d = RECALL_MODELS[name]
-    model = recall.build_recall(kind, d, seed=0)
+    kind, d, shift = RECALL_MODELS[name]
+    model = recall.build_recall(kind, d, seed=0, shift=shift)
     with Stopwatch() as clock:
         losses = recall.train_recall(
             model, steps, 0, PAIRS_TRAIN, B=RECALL_B, lr=RECALL_LR
         )
     OUT.mkdir(exist_ok=True)
     torch.save(model.state_dict(), OUT / f"{name}.pt")
-    rows = evaluate_recall(model, kind, d)
+    rows = evaluate_recall(model, kind, d, shift)
     summary = {
         "name": kind,
         "d": d,
+        "shift": shift,
         "params": sum(p.numel() for p in model.parameters()),
         "steps": steps,
         "final_loss": sum(losses[-50:]) / len(losses[-50:]),
@@ -196,7 +206,10 @@ def main_recall(args):
         frame.insert(
             0,
             "model",
-            [f"recall_{n}_d{d}" for n, d in zip(frame.name, frame.d)],
+            [
+                recall_model(n, d, s)
+                for n, d, s in zip(frame.name, frame.d, frame["shift"])
+            ],
         )
     only = names if args.only else None
     acc = merge(RECALL_ACCURACY, acc, only, "model")
