@@ -45,6 +45,19 @@ def check_tensor(name, t, dims):
         raise ValueError(f"{name} must be a {dims}-d tensor, got {got}")
 
 
+def check_floats(**tensors):
+    """Raise ValueError unless every tensor given is floating point and all
+    share one dtype (a product of float32 and float64, or of integers,
+    raises a RuntimeError in torch)."""
+    dtypes = {t.dtype for t in tensors.values()}
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {t.dtype}")
+    if len(dtypes) > 1:
+        got = ", ".join(f"{n} {t.dtype}" for n, t in tensors.items())
+        raise ValueError(f"need one floating dtype, got {got}")
+
+
 def check_finite(name, t):
     """Raise ValueError unless every entry of the tensor t is finite."""
     if t.is_floating_point() or t.is_complex():
@@ -251,6 +264,7 @@ def circuit_scores(x, W_QK, d_k):
             f"{tuple(W_QK.shape)}"
         )
     check_count("d_k", d_k)
+    check_floats(x=x, W_QK=W_QK)
     check_finite("x", x)
     check_finite("W_QK", W_QK)
     return x @ W_QK @ x.transpose(-2, -1) / d_k**0.5
@@ -269,6 +283,7 @@ def circuit_output(A, x, W_OV):
             f"shapes do not fit: A {tuple(A.shape)}, x {tuple(x.shape)}, "
             f"W_OV {tuple(W_OV.shape)}"
         )
+    check_floats(A=A, x=x, W_OV=W_OV)
     for name, t in (("A", A), ("x", x), ("W_OV", W_OV)):
         check_finite(name, t)
     return torch.einsum("bhts,bsd,hde->bte", A, x, W_OV)
@@ -450,6 +465,7 @@ def check_weights(weights, tokens):
         not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (T,)
     ):
         raise ValueError(f"tokens must be a ({T},) tensor")
+    check_floats(weights=weights)
     check_finite("weights", weights)
 
 

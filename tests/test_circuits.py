@@ -550,17 +550,46 @@ def test_value_errors_name_the_problem():
         (lambda: model.pattern(0, x[..., :4]), "x must"),
         (lambda: model.pattern(1, x), "layer"),
         (lambda: model.head_outputs(0, [1], None), "x must"),
-        (lambda: circuit_scores(x * math.nan, torch.eye(12), 4), "NaN"),
-        (lambda: circuit_scores(x, torch.eye(12) * math.inf, 4), "NaN"),
+        (
+            lambda: circuit_scores(x * math.nan, x.new_ones(12).diag(), 4),
+            "NaN",
+        ),
+        (
+            lambda: circuit_scores(x, x.new_ones(12).diag() * math.inf, 4),
+            "NaN",
+        ),
         (
             lambda: circuit_output(
-                torch.full((2, 3, 5, 5), math.nan), x, torch.zeros(3, 12, 12)
+                x.new_full((2, 3, 5, 5), math.nan), x, x.new_zeros(3, 12, 12)
             ),
             "NaN",
         ),
         (
             lambda: rotary_scores(layer, torch.full((1, 3, 8), math.nan), 0),
             "NaN",
+        ),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_scores_and_circuits_refuse_integer_and_mixed_dtypes():
+    """Integer weights or inputs, or float32 beside float64, raise a named
+    ValueError (torch's mean and matmul raise RuntimeErrors on them)."""
+    eye = torch.eye(4, dtype=torch.int64)
+    x = torch.ones(2, 4, 3)
+    cases = [
+        (lambda: circuits.previous_token(eye), "floating point"),
+        (lambda: circuits.prefix_matching(eye, torch.arange(4)), "floating"),
+        (lambda: circuits.same_token(eye, torch.arange(4)), "floating"),
+        (lambda: circuit_scores(x.long(), torch.eye(3), 1), "floating"),
+        (lambda: circuit_scores(x, torch.eye(3).double(), 1), "one floating"),
+        (
+            lambda: circuit_output(
+                torch.ones(2, 1, 4, 4), x.double(), torch.ones(1, 3, 3)
+            ),
+            "one floating",
         ),
     ]
     for call, match in cases:
