@@ -75,13 +75,22 @@ def check_attention_inputs(Q, K, V, mask=None, dropout_p=0.0):
         check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
 
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_qkv_tensors(Q, K, V):
     """Raise a ValueError naming the input unless Q, K and V are
     floating-point torch tensors of one dtype on one device (their axes:
-    check_qkv_shapes). Types only, never values: no tensor operation."""
+    check_qkv_shapes): float16, bfloat16, float32 or float64, strided (not
+    float8, not sparse). Types only, never values: no tensor operation."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point torch tensor")
+        if t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
+            raise ValueError(
+                f"{name} is {t.dtype} ({t.layout}): attention takes float16, "
+                f"bfloat16, float32 or float64 in the strided layout"
+            )
         if t.dtype != Q.dtype or t.device != Q.device:
             raise ValueError(
                 f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "

@@ -58,6 +58,7 @@ from transformer import (
     SelfAttention,
     allowed_positions,
     attend,
+    check_finite,
     check_heads,
     check_rows,
     sinusoidal_encoding,
@@ -115,15 +116,24 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
         raise ValueError("an empty key sequence: the queries have no key")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a float type, got {dtype!r}")
+    if pos_q.device != pos_k.device:
+        raise ValueError(
+            f"pos_q is on {pos_q.device}, pos_k on {pos_k.device}"
+        )
     distance = (pos_q[:, None] - pos_k[None, :]).abs().to(dtype)  # (T_q, T_k)
-    return -alibi_slopes(H, dtype)[:, None, None] * distance
+    slopes = alibi_slopes(H, dtype).to(pos_q.device)  # the positions' device
+    return -slopes[:, None, None] * distance
 
 
 def attend_biased(Q, K, V, mask=None, bias=None):
-    """transformer.py's `attend` with a bias added to the scaled scores."""
+    """transformer.py's `attend` with a bias added to the scaled scores.
+
+    Q, K, V and the bias must be finite (a key to hide: mask it): a NaN,
+    or a row of -inf, would give NaN weights."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
-        return attend(Q, K, V, mask)
+        return attend(Q, K, V, mask)  # it checks Q, K and V's values
+    check_finite(Q=Q, K=K, V=V, bias=bias)  # one reduction each
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -144,7 +154,11 @@ class AlibiSelfAttention(SelfAttention):
         check_vectors("x", x, self.in_proj.weight)
         check_cache(cache)
         T = x.shape[1]
-        pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
+        pos_q = (
+            torch.arange(T, device=x.device)  # mask and bias: on x's device
+            if cache is None
+            else cache.next_positions(T)
+        )
         Q, K, V = self.heads(x)
         pos_k = pos_q
         if cache is not None:
@@ -294,6 +308,10 @@ def check_block_inputs(
             raise ValueError(
                 f"memory_mask must be a boolean ({B}, {S}) tensor, got "
                 f"{describe(memory_mask)}"
+            )
+        if memory_mask.device != x.device:
+            raise ValueError(
+                f"memory_mask is on {memory_mask.device}, x on {x.device}"
             )
         if not memory_mask.any(dim=-1).all():
             raise ValueError("an empty source: a row has no real position")
@@ -933,7 +951,8 @@ def check_positions(positions):
 
 def check_vectors(name, x, like=None):
     """Raise ValueError unless x is a float (B, T, d) tensor; given a tensor
-    `like` (a layer's weight), with its size d (last axis) and dtype."""
+    `like` (a layer's weight), with its size d (last axis), dtype and
+    device."""
     if not is_float_tensor(x) or x.dim() != 3:
         raise ValueError(
             f"{name} must be a float tensor (B, T, d), got {describe(x)}"
@@ -949,6 +968,10 @@ def check_vectors(name, x, like=None):
         raise ValueError(
             f"mixed dtypes: {name} is {x.dtype}, the layer's weights "
             f"{like.dtype}"
+        )
+    if x.device != like.device:
+        raise ValueError(
+            f"{name} is on {x.device}, the layer's weights on {like.device}"
         )
 
 
@@ -1034,6 +1057,8 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
         if bias.device != Q.device:
             raise ValueError(f"bias is on {bias.device}, Q on {Q.device}")
     check_mask(mask, scores, Q.device)
+    if Q.device.type == "meta":  # before any value check (check_rows)
+        raise ValueError("Q is on meta: attention needs values")
     if mask is not None and T_q > 0:
         check_rows(mask)
 

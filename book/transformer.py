@@ -34,10 +34,13 @@ def attend(Q, K, V, mask=None, rows_checked=False):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights).
 
     A query the mask lets see no key is a ValueError (chapter 3's function
-    gives it zeros): its softmax is undefined. rows_checked=True skips that
-    check (a value check: three more operations) for a mask whose rows are
-    known to hold a key, such as one a layer built from positions."""
+    gives it zeros): its softmax is undefined; so is a NaN or an infinity in
+    Q, K or V. rows_checked=True skips these value checks (operations on
+    every step) for a layer's own call: a mask it built from positions, Q,
+    K and V from its projections."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
+    if not rows_checked:
+        check_finite(Q=Q, K=K, V=V)  # ValueError naming NaN or infinity
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
     if mask is not None:
         if not rows_checked:
@@ -68,12 +71,22 @@ def check_qkv(Q, K, V, mask=None):
     (attention.check_qkv_tensors) whose leading axes broadcast, with
     d_k >= 1 and a key for any query (attention.check_qkv_shapes), and
     mask is None or a boolean tensor that broadcasts to the scores
-    (..., T_q, T_k). Shapes only, never values: no tensor operation is
-    added to a step."""
+    (..., T_q, T_k), and Q, K and V hold values (not on meta). Shapes
+    only, never values: no tensor operation is added to a step."""
     check_qkv_tensors(Q, K, V)
     batch = check_qkv_shapes(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
         check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
+    if Q.device.type == "meta":  # shapes without values (K, V: Q's device)
+        raise ValueError("Q is on meta: attention needs values")
+
+
+def check_finite(**tensors):
+    """Raise ValueError naming the first tensor that holds a NaN or an
+    infinity (they would give NaN weights): one reduction per tensor."""
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
 
 
 def check_heads(d, H):
@@ -378,7 +391,11 @@ class SelfAttention(nn.Module):
     def forward(self, x, mask=None, cache=None):
         check_call(self, x, mask, cache)  # ValueError: shapes, dtypes, mask
         T = x.shape[1]
-        pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
+        pos_q = (
+            torch.arange(T, device=x.device)  # the mask: on x's device
+            if cache is None
+            else cache.next_positions(T)
+        )
         Q, K, V = self.heads(x, pos_q)
         pos_k = pos_q
         if cache is not None:
@@ -491,8 +508,9 @@ def rotary(x, positions=None):
     """Rotate each pair of the last axis of x (..., T, d_k) by its position."""
     T, d_k = check_rotary(x, positions)
     if positions is None:
-        positions = torch.arange(T)
-    angles = positions.to(x.dtype)[:, None] * frequencies(d_k, x.dtype)
+        positions = torch.arange(T, device=x.device)
+    omega = frequencies(d_k, x.dtype).to(x.device)  # (d_k / 2,)
+    angles = positions.to(x.dtype)[:, None] * omega
     cos, sin = angles.cos(), angles.sin()  # (T, d_k / 2)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # first and second of each pair
     rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -517,6 +535,10 @@ def check_rotary(x, positions):
     ):
         raise ValueError(
             f"positions must be a ({T},) tensor, got {shape_of(positions)}"
+        )
+    if positions is not None and positions.device != x.device:
+        raise ValueError(
+            f"positions are on {positions.device}, x on {x.device}"
         )
     return T, x.shape[-1]
 
@@ -583,7 +605,10 @@ def combine_masks(x, mask, padding_mask):
     B, T, _ = x.shape
     if mask is None and padding_mask is None:
         return None
-    allowed = torch.ones(B, 1, T, T, dtype=torch.bool)
+    allowed = torch.ones(B, 1, T, T, dtype=torch.bool, device=x.device)
+    for name, m in (("mask", mask), ("padding_mask", padding_mask)):
+        if isinstance(m, torch.Tensor) and m.device != x.device:
+            raise ValueError(f"{name} is on {m.device}, x on {x.device}")
     if mask is not None:
         shapes = ((T, T), (B, T, T))
         if not isinstance(mask, torch.Tensor):

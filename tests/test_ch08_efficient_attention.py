@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import re
+import subprocess
 import sys
 import types
 
@@ -758,3 +759,47 @@ def test_programs_refuse_d_k_zero(ch08, fn, to_numpy):
 def test_online_softmax_refuses_a_stream_that_is_not_iterable(ch08, chunks):
     with pytest.raises(ValueError, match="chunks must be an iterable"):
         ch08.online_softmax(chunks)
+
+
+MEASURE_AFTER_A_FREED_BUFFER = """
+import json, sys
+import numpy as np
+sys.path.insert(0, "tools/bench")
+import bench_attention, bench_attention_memory as memory
+
+BIG = {big}
+real_make_call = memory.make_call
+
+def make_call(chapter, name, T, problem):
+    call = real_make_call(chapter, name, T, problem)
+    if T != 16:  # the warm-up call, before the reset point
+        return call
+    def warm_up():
+        buffer = np.ones(BIG // 8)  # every page written: resident
+        del buffer  # freed: the resident size drops, the peak (VmHWM) not
+        return call()
+    return warm_up
+
+memory.make_call = make_call
+problem = bench_attention.parse_args(["--heads", "1", "--d", "8"]).problem
+memory.child_measure("PyTorch by hand", 64, problem)
+"""
+
+
+def test_benchmark_memory_forgets_what_was_freed_before_the_call():
+    """test_benchmark_measures_memory cannot see a missing reset of the
+    peak (/proc/self/clear_refs): at T = 4096 the call's own matrix is the
+    largest. Here the measured process allocates and frees 256 MiB before
+    the reset point (in the warm-up): the reported peak of a T = 64 call
+    must not include them (fresh review of issue 47, round 4)."""
+    big = 256 * 2**20
+    code = MEASURE_AFTER_A_FREED_BUFFER.format(big=big)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    peak = json.loads(out.strip().splitlines()[-1])["peak_extra_bytes"]
+    assert 0 <= peak < big // 4

@@ -864,13 +864,15 @@ def test_choose_tile_keeps_the_current_tile_unless_measurably_slower():
 
 
 @pytest.mark.parametrize("name", ["Q", "K", "V"])
-def test_flash_backward_refuses_non_finite_q_k_v(name):
-    """A NaN in Q, K or V gave NaN gradients without an error (fresh
-    review of issue 47, round 2); now a ValueError naming the tensor."""
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_flash_backward_refuses_non_finite_q_k_v(name, bad):
+    """A NaN or an infinity in Q, K or V gave NaN gradients without an
+    error (fresh review of issue 47, round 2); now a ValueError naming the
+    tensor (a check for NaN alone would let +inf and -inf through)."""
     q, k, v, C, lse, dC = backward_inputs()
     tensors = {"Q": q, "K": k, "V": v}
     tensors[name] = tensors[name].clone()
-    tensors[name].view(-1)[3] = float("nan")
+    tensors[name].view(-1)[3] = bad
     with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
         flash.flash_backward(*tensors.values(), C, lse, dC)
 

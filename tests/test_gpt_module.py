@@ -360,7 +360,9 @@ def test_attend_refuses_a_mask_on_another_device(rows_checked):
 
 
 def test_self_attention_refuses_a_mask_on_another_device():
-    layer = transformer.SelfAttention(8, 2)
+    """Causal, so that the layer's own check (check_call) is what raises:
+    without it, `mask & allowed` would mix devices before `attend` checks."""
+    layer = transformer.SelfAttention(8, 2, causal=True)
     mask = torch.ones(5, 5, dtype=torch.bool, device="meta")
     with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
         layer(ones(2, 5, 8), mask)
@@ -722,3 +724,85 @@ def test_training_functions_name_bad_input(call, message):
 
 
 X = torch.arange(24).view(4, 6) % VOCAB  # validation_loss's x and y
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: transformer.SelfAttention(8, 2, causal=True),
+        lambda: transformer.SelfAttention(8, 2, causal=True, w=2),
+        lambda: transformer.RotarySelfAttention(8, 2, causal=True),
+        lambda: transformer.DecoderBlock(8, 2, 16),
+    ],
+)
+def test_causal_layers_build_their_mask_on_the_inputs_device(make):
+    """A causal layer built its mask (and rotary angles) on the CPU, so on
+    any other device its inputs met 'mask is on cpu, Q on meta' (fresh
+    review of issue 47, round 4, F1). On meta (shapes, no values: the
+    book runs on the CPU) the layer now reaches attend, which refuses meta
+    by name (F3)."""
+    layer = make().to("meta")
+    x = torch.ones(2, 5, 8, device="meta")
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        layer(x)
+
+
+def test_attend_refuses_meta_tensors():
+    """attend returned meta tensors for Q, K, V on meta (F3)."""
+    Q = torch.ones(2, 3, 4, device="meta")
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        transformer.attend(Q, Q, Q)
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: t.to(torch.float8_e4m3fn), r"torch\.float8_e4m3fn"),
+        (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+    ],
+)
+def test_attend_refuses_float8_and_sparse(make, named):
+    """They passed is_floating_point() and raised NotImplementedError (F4)."""
+    Q, K, V = (make(ones(3, 4)) for _ in range(3))
+    with pytest.raises(ValueError, match=rf"^Q is .*{named}.*strided layout"):
+        transformer.attend(Q, K, V)
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_attend_refuses_non_finite_q_k_v(name, bad):
+    """A NaN or an infinity in Q, K or V gave NaN outputs without an error
+    (F5; chapter 3's function refuses them). A layer's own call
+    (rows_checked=True) skips the check: chapters 10-12 count its ATen
+    operations."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = {n: torch.randn(2, 3, 4, generator=gen) for n in "QKV"}
+    tensors[name][1, 2, 3] = bad
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
+        transformer.attend(*tensors.values(), mask)
+
+
+def test_combine_masks_refuses_masks_on_another_device():
+    """A mask or padding mask on another device than x was a RuntimeError
+    from `allowed & mask` (F2)."""
+    x = ones(2, 3, 8)
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    padding = torch.ones(2, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, x on cpu$"):
+        transformer.combine_masks(x, mask, None)
+    with pytest.raises(
+        ValueError, match=r"^padding_mask is on meta, x on cpu"
+    ):
+        transformer.combine_masks(x, None, padding)
+    with pytest.raises(ValueError, match=r"^mask is on meta, x on cpu$"):
+        transformer.EncoderBlock(8, 2, 16)(x, mask)
+
+
+def test_rotary_refuses_positions_on_another_device():
+    """Positions on another device than x were a RuntimeError (F2)."""
+    positions = torch.arange(3, device="meta")
+    with pytest.raises(ValueError, match=r"^positions are on meta, x on cpu"):
+        transformer.rotary(ones(2, 3, 4), positions)
+    x = torch.ones(2, 3, 4, device="meta")  # default positions: x's device
+    assert transformer.rotary(x).shape == (2, 3, 4)

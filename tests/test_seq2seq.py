@@ -110,7 +110,8 @@ def test_attend_biased_refuses_mask_or_bias_on_another_device():
     bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
     raises("^mask is on meta, Q on cpu$", attend_biased, Q, K, V, mask)
     raises("^bias is on meta, Q on cpu$", attend_biased, Q, K, V, None, bias)
-    layer = seq2seq.AlibiSelfAttention(8, 2)  # checks the mask first
+    # causal: its own check raises, else `mask & allowed` mixes devices
+    layer = seq2seq.AlibiSelfAttention(8, 2, causal=True)
     square = torch.ones(5, 5, dtype=torch.bool, device="meta")
     raises("^mask is on meta, Q on cpu$", layer, torch.ones(2, 5, 8), square)
 
@@ -1136,3 +1137,78 @@ def test_only_merges_into_the_stored_results(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="other settings"):  # other steps
         tool.main(["--steps", "3", "--out", str(tmp_path), "--only", "none"])
     assert not (tmp_path / "seq2seq" / "none.pt").exists()
+
+
+def test_alibi_layers_build_their_bias_on_the_inputs_device():
+    """AlibiSelfAttention built positions, mask and bias on the CPU: on
+    meta it raised 'bias is on cpu, Q on meta' (fresh review of issue 47,
+    round 4, F1); now it reaches attend_biased, which refuses meta (F3)."""
+    for causal in (True, False):
+        layer = seq2seq.AlibiSelfAttention(8, 2, causal=causal).to("meta")
+        x = torch.ones(2, 5, 8, device="meta")
+        raises("^Q is on meta: attention needs values", layer, x)
+    pos = torch.arange(3)
+    raises(
+        "^pos_q is on meta, pos_k on cpu", alibi_bias, 2, pos.to("meta"), pos
+    )
+
+
+def test_attend_biased_refuses_meta_float8_and_sparse():
+    """attend_biased returned meta tensors for Q, K, V on meta (F3); float8
+    and sparse tensors raised NotImplementedError (F4)."""
+    Q, K, V = (t.to("meta") for t in qkv())
+    raises("^Q is on meta: attention needs values", attend_biased, Q, K, V)
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^Q is on meta", attend_biased, Q, K, V, None, bias)
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    raises("^Q is on meta", attend_biased, Q, K, V, mask)
+    Q, K, V = (t.to(torch.float8_e5m2) for t in qkv())
+    raises(r"^Q is torch\.float8_e5m2 .*strided", attend_biased, Q, K, V)
+    Q, K, V = (t[0, 0].to_sparse() for t in qkv())
+    raises(r"^Q is .*sparse_coo.*strided", attend_biased, Q, K, V)
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_attend_biased_refuses_non_finite_inputs(name, bad):
+    """A NaN or infinite Q, K, V or bias gave NaN weights without an error
+    (F5): a bias row of -inf leaves a query no key (mask it instead)."""
+    Q, K, V = qkv()
+    tensors = {"Q": Q, "K": K, "V": V, "bias": torch.zeros(4, 5).double()}
+    tensors[name].view(-1)[7] = bad
+    Q, K, V, bias = tensors.values()
+    raises(
+        f"^{name} contains NaN or infinite", attend_biased, Q, K, V, None, bias
+    )
+    if name != "bias":  # without a bias: attend's check
+        raises(f"^{name} contains NaN or infinite", attend_biased, Q, K, V)
+
+
+def test_attend_biased_refuses_a_bias_row_of_minus_inf():
+    Q, K, V = qkv()
+    bias = torch.zeros(4, 5, dtype=torch.float64)
+    bias[2] = float("-inf")  # query 2 sees no key: its softmax is 0 / 0
+    raises(
+        "^bias contains NaN or infinite", attend_biased, Q, K, V, None, bias
+    )
+
+
+def test_layers_refuse_inputs_on_another_device_than_their_weights():
+    """x or memory on another device than the weights, or a memory_mask on
+    another device than x, were RuntimeErrors (F2)."""
+    x, meta = torch.ones(2, 5, 8), torch.ones(2, 5, 8, device="meta")
+    cross = seq2seq.CrossAttention(8, 2)
+    raises(
+        "^memory is on meta, the layer's weights on cpu",
+        cross.keys_values,
+        meta,
+    )
+    kv = cross.keys_values(x)
+    raises("^x is on meta, the layer's weights on cpu", cross, meta, kv)
+    block = seq2seq.CrossDecoderBlock(8, 2, 16)
+    raises("^memory is on meta, the layer's weights", block, x, meta)
+    raises("^x is on meta, the layer's weights", block, meta, x)
+    memory_mask = torch.ones(2, 5, dtype=torch.bool, device="meta")
+    raises("^memory_mask is on meta, x on cpu$", block, x, x, memory_mask)
+    alibi = seq2seq.AlibiSelfAttention(8, 2)
+    raises("^x is on meta, the layer's weights on cpu", alibi, meta)
