@@ -508,4 +508,8 @@ def test_stored_tables_have_shift():
 
     for name in ("recall_accuracy", "recall_train"):
         table = pd.read_csv(BOOK / "data" / f"{name}.csv")
-        assert table["shift"].dtype == bool and table["shift"].all()
+        assert table["shift"].dtype == bool
+        # every model with PreviousToken but the probe without it
+        plain = table.model.str.contains("_noshift_")
+        assert (table["shift"] == ~plain).all() and plain.any()
+        assert set(table.model[plain]) == {"recall_linear_noshift_d64"}
