@@ -820,11 +820,16 @@ def wilson_interval(k, n, level=0.95):
 
     if not (integer(k) and integer(n) and 0 <= k <= n and n >= 1):
         raise ValueError(f"need counts 0 <= k <= n and n >= 1, got {k=}, {n=}")
-    k, n = int(k), int(n)
+    return _wilson(int(k) / int(n), int(n), level)
+
+
+def _wilson(p, n, level):
+    """Wilson's interval for a share p of n trials (wilson_interval's
+    formula; circuits.sequence_interval's with n the number of sequences)."""
     if not (isinstance(level, numbers.Real) and 0 < level < 1):
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     z = NormalDist().inv_cdf((1 + level) / 2)
-    p, z2 = k / n, z * z / n
+    z2 = z * z / n
     centre = (p + z2 / 2) / (1 + z2)
     half = z / (1 + z2) * math.sqrt(p * (1 - p) / n + z2 / (4 * n))
     return max(0.0, centre - half), min(1.0, centre + half)
