@@ -341,6 +341,7 @@ def rotary_scores(layer, x, head):
     check_tensor("x", x, 3)
     if x.shape[-1] != d:
         raise ValueError(f"x must be (B, T, d = {d}), got {tuple(x.shape)}")
+    check_floats(x=x, layer=layer.in_proj.weight)
     check_finite("x", x)
     if layer.G != layer.H:
         raise ValueError("rotary_scores takes a layer with G = H")

@@ -591,6 +591,14 @@ def test_scores_and_circuits_refuse_integer_and_mixed_dtypes():
             ),
             "one floating",
         ),
+        (
+            lambda: rotary_scores(
+                RotarySelfAttention(16, 2, causal=True),
+                x.new_zeros(1, 3, 16).double(),
+                0,
+            ),
+            "one floating",
+        ),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):
