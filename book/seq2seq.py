@@ -128,8 +128,9 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
 def attend_biased(Q, K, V, mask=None, bias=None):
     """transformer.py's `attend` with a bias added to the scaled scores.
 
-    Q, K, V and the bias must be finite (a key to hide: mask it): a NaN,
-    or a row of -inf, would give NaN weights."""
+    Q, K, V and the bias must be finite (a key to hide: mask it): a NaN or
+    an infinity in Q, K or the bias can make weights NaN (a bias row of
+    -inf does); in V it makes outputs NaN or infinite."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
         return attend(Q, K, V, mask)  # it checks Q, K and V's values

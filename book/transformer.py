@@ -34,10 +34,13 @@ def attend(Q, K, V, mask=None, rows_checked=False):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights).
 
     A query the mask lets see no key is a ValueError (chapter 3's function
-    gives it zeros): its softmax is undefined; so is a NaN or an infinity in
-    Q, K or V. rows_checked=True skips these value checks (operations on
-    every step) for a layer's own call: a mask it built from positions, Q,
-    K and V from its projections."""
+    gives it zeros): its softmax is undefined. So is a NaN or an infinity
+    in Q, K or V: in Q or K it can make weights NaN, in V it makes outputs
+    NaN or infinite. rows_checked=True skips these value checks (operations
+    on every step) for a causal or cached layer's own call, with a mask it
+    built from positions: such a layer given a NaN or an infinity in x
+    returns NaN or infinite outputs without an error (chapter 10 counts a
+    step's operations)."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     if not rows_checked:
         check_finite(Q=Q, K=K, V=V)  # ValueError naming NaN or infinity
@@ -83,7 +86,8 @@ def check_qkv(Q, K, V, mask=None):
 
 def check_finite(**tensors):
     """Raise ValueError naming the first tensor that holds a NaN or an
-    infinity (they would give NaN weights): one reduction per tensor."""
+    infinity (in Q, K or a bias it can make weights NaN; in V, outputs NaN
+    or infinite): one reduction per tensor."""
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} contains NaN or infinite values")
@@ -425,8 +429,12 @@ class SelfAttention(nn.Module):
                 f"the {self.backend} backend takes no mask and no window w: "
                 f"no mask at all, or causal=True (else backend 'attend')"
             )
-        T_k = pos_k.shape[-1]
-        in_order = pos_q.dim() == 1 and torch.equal(pos_k, torch.arange(T_k))
+        if Q.device.type == "meta":  # torch.equal below needs values
+            raise ValueError("Q is on meta: attention needs values")
+        T_k, on = pos_k.shape[-1], pos_k.device  # x's device, or the cache's
+        in_order = pos_q.dim() == 1 and torch.equal(
+            pos_k, torch.arange(T_k, device=on)
+        )
         if not (in_order and torch.equal(pos_q, pos_k[T_k - len(pos_q) :])):
             raise ValueError(
                 f"the {self.backend} backend needs every earlier key, in "
@@ -437,7 +445,8 @@ class SelfAttention(nn.Module):
             out = flash_attention(Q, K, V, self.causal and "bottom-right")
         else:
             below = T_k - len(pos_q)  # the diagonal's offset (bottom-right)
-            allowed = torch.ones(len(pos_q), T_k, dtype=torch.bool).tril(below)
+            allowed = torch.ones(len(pos_q), T_k, dtype=torch.bool, device=on)
+            allowed = allowed.tril(below)
             out = F.scaled_dot_product_attention(
                 Q, K, V, allowed if self.causal else None
             )

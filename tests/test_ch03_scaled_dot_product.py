@@ -478,7 +478,7 @@ def test_saturation_curve_refuses_no_multipliers(ch03):
 )
 def test_float8_and_sparse_tensors_raise(make, named):
     """float8 and sparse tensors passed is_floating_point() and then raised
-    NotImplementedError (fresh review of issue 47, round 4, F4); the
+    NotImplementedError or RuntimeError (fresh review of issue 47, round 4, F4); the
     shared check (attention.check_qkv_tensors) now names dtype and layout."""
     Q, K, V = (make(torch.ones(3, 4)) for _ in range(3))
     with pytest.raises(ValueError, match=rf"^Q is .*{named}.*strided layout"):

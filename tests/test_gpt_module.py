@@ -752,6 +752,42 @@ def test_attend_refuses_meta_tensors():
     Q = torch.ones(2, 3, 4, device="meta")
     with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
         transformer.attend(Q, Q, Q)
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        transformer.attend(Q, Q, Q, rows_checked=True)  # a layer's own call
+
+
+@pytest.mark.parametrize("backend", ["flash", "sdpa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_backends_refuse_meta_by_name(backend, causal):
+    """On meta, the flash and sdpa backends compared x's positions with a
+    CPU arange: NotImplementedError from aten::equal (fresh review of
+    issue 47's input checks, item 7). They refuse meta by name, as attend."""
+    layer = transformer.SelfAttention(8, 2, causal=causal, backend=backend)
+    x = torch.ones(2, 5, 8, device="meta")
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        layer.to("meta")(x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_only_a_causal_or_cached_layer_passes_non_finite_x_through(bad):
+    """attend's docstring said rows_checked=True skips the value checks
+    because Q, K and V come from the layer's projections; a causal or
+    cached layer given NaN x returned NaN without an error (item 5). A
+    check per call would add ATen operations to chapter 10's count (196),
+    so the docstring says so; a non-causal uncached call refuses it."""
+    x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
+    x[0, 1, 2] = bad
+    with pytest.raises(ValueError, match=r"^Q contains NaN or infinite"):
+        transformer.SelfAttention(8, 2)(x)
+    causal = transformer.SelfAttention(8, 2, causal=True)
+    for out, _ in (
+        causal(x),
+        transformer.SelfAttention(8, 2)(x, cache=KVCache()),
+    ):
+        assert not out.isfinite().all()  # no error: NaN or inf passed on
+    assert "returns NaN or infinite outputs without an error" in " ".join(
+        transformer.attend.__doc__.split()
+    )
 
 
 @pytest.mark.parametrize(
@@ -771,8 +807,8 @@ def test_attend_refuses_float8_and_sparse(make, named):
 @pytest.mark.parametrize("name", ["Q", "K", "V"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_attend_refuses_non_finite_q_k_v(name, bad):
-    """A NaN or an infinity in Q, K or V gave NaN outputs without an error
-    (F5; chapter 3's function refuses them). A layer's own call
+    """A NaN or an infinity in Q, K or V gave NaN or infinite outputs
+    without an error (F5; chapter 3's function refuses them). A layer's own call
     (rows_checked=True) skips the check: chapters 10-12 count its ATen
     operations."""
     gen = torch.Generator().manual_seed(0)

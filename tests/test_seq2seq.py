@@ -1171,8 +1171,9 @@ def test_attend_biased_refuses_meta_float8_and_sparse():
 @pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_attend_biased_refuses_non_finite_inputs(name, bad):
-    """A NaN or infinite Q, K, V or bias gave NaN weights without an error
-    (F5): a bias row of -inf leaves a query no key (mask it instead)."""
+    """A NaN or infinite Q, K or bias could give NaN weights, and one in V
+    NaN or infinite outputs, without an error (F5): a bias row of -inf
+    leaves a query no key (mask it instead)."""
     Q, K, V = qkv()
     tensors = {"Q": Q, "K": K, "V": V, "bias": torch.zeros(4, 5).double()}
     tensors[name].view(-1)[7] = bad
