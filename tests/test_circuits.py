@@ -74,10 +74,10 @@ def test_model_equals_reference(layers):
     )
 
 
-def test_ablation_equals_reference_without_the_heads():
+@pytest.mark.parametrize("ablate", [{(0, 1)}, {(1, 2)}, {(0, 1), (1, 2)}])
+def test_ablation_equals_reference_without_the_heads(ablate):
     model = model_of(2)
     tokens = tokens_of(model)
-    ablate = {(0, 1), (1, 2)}
     got = model(tokens, ablate=ablate)
     want = reference_logits(model, tokens, ablate)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
