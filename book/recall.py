@@ -210,10 +210,12 @@ def hybrid(d):
 class PreviousToken(nn.Module):
     """The GPT's token embedding plus a second embedding of the token
     before: x_t = E[token_t] + P[token_(t-1)] (P of a zero row at t = 0).
-    A causal convolution of width 2 on one-hot tokens, the short
-    convolution that Based and Gated DeltaNet put before their fixed-state
-    layers; it holds one token between calls, so it serves whole sequences
-    (a model called token by token would need that token in its cache)."""
+    A causal convolution of width 2 on one-hot tokens, like the short
+    convolutions Gated DeltaNet puts on its queries, keys and values (Yang
+    et al. 2025, section 3.4; Based has short gated convolutions as layers
+    of their own); it holds one token between calls, so it serves whole
+    sequences (a model called token by token would need that token in its
+    cache)."""
 
     def __init__(self, embed, vocab):
         super().__init__()
