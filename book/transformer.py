@@ -423,7 +423,8 @@ class SelfAttention(nn.Module):
         """The "flash" and "sdpa" backends: flash_attention (tiles of
         weights it never stores) or F.scaled_dot_product_attention, for the
         masks both know: none, or causal over every key kept in order (no
-        window, no empty slot)."""
+        window, no empty slot). Non-finite values: flash refuses them in its
+        own checks; sdpa passes them through (NaN or infinite outputs)."""
         if self.w is not None or mask is not None:
             raise ValueError(
                 f"the {self.backend} backend takes no mask and no window w: "

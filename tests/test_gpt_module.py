@@ -769,12 +769,14 @@ def test_fused_backends_refuse_meta_by_name(backend, causal):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_only_a_causal_or_cached_layer_passes_non_finite_x_through(bad):
-    """attend's docstring said rows_checked=True skips the value checks
-    because Q, K and V come from the layer's projections; a causal or
-    cached layer given NaN x returned NaN without an error (item 5). A
-    check per call would add ATen operations to chapter 10's count (196),
-    so the docstring says so; a non-causal uncached call refuses it."""
+def test_attend_backend_causal_or_cached_passes_non_finite_x_through(bad):
+    """With the default `attend` backend: attend's docstring said
+    rows_checked=True skips the value checks because Q, K and V come from
+    the layer's projections; a causal or cached layer given NaN x returned
+    NaN without an error (item 5). A check per call would add ATen
+    operations to chapter 10's count (196), so the docstring says so; a
+    non-causal uncached call refuses it. (The other backends differ: sdpa
+    passes non-finite x through causal or not; flash refuses it.)"""
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
     x[0, 1, 2] = bad
     with pytest.raises(ValueError, match=r"^Q contains NaN or infinite"):
