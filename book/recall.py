@@ -213,9 +213,10 @@ class PreviousToken(nn.Module):
     A causal convolution of width 2 on one-hot tokens, like the short
     convolutions Gated DeltaNet puts on its queries, keys and values (Yang
     et al. 2025, section 3.4; Based has short gated convolutions as layers
-    of their own); it holds one token between calls, so it serves whole
-    sequences (a model called token by token would need that token in its
-    cache)."""
+    of their own). It holds nothing between calls, so it serves whole
+    sequences only: a model called token by token with caches would give
+    each call's first token a zero row, wrongly (it would need the last
+    token in its cache)."""
 
     def __init__(self, embed, vocab):
         super().__init__()
