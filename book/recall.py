@@ -214,9 +214,11 @@ class PreviousToken(nn.Module):
     convolutions Gated DeltaNet puts on its queries, keys and values (Yang
     et al. 2025, section 3.4; Based has short gated convolutions as layers
     of their own). It holds nothing between calls, so it serves whole
-    sequences only: a model called token by token with caches would give
-    each call's first token a zero row, wrongly (it would need the last
-    token in its cache)."""
+    sequences only: a GPT whose embedding it is refuses caches that already
+    hold tokens (`gpt.check_forward`), since a call would give its first
+    token a zero row where the token before belongs, which no cache keeps."""
+
+    reads_previous_token = True  # gpt.check_forward: whole sequences only
 
     def __init__(self, embed, vocab):
         super().__init__()

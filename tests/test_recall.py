@@ -421,6 +421,36 @@ def test_previous_token_adds_the_token_before(name):
     assert embed.weight is E
 
 
+def test_previous_token_refuses_caches_that_hold_tokens():
+    """PreviousToken holds nothing between calls: fed token by token with
+    caches, its first token would get a zero row where the token before
+    belongs (wrong logits, no error). A model whose caches already hold
+    tokens is refused by name; whole sequences from empty caches agree with
+    the cache-free call."""
+    tokens = torch.tensor([[5, 40, 7, 33, 5, 12]])
+    for name in ("mha", "linear"):
+        model = build_recall(name, 16, seed=0).eval()
+        with torch.no_grad():
+            caches = model.new_caches()
+            whole = model(tokens, caches=caches)
+            torch.testing.assert_close(whole, model(tokens), rtol=0, atol=1e-6)
+            with pytest.raises(ValueError, match="predecessor"):
+                model(tokens[:, :1], caches=caches)
+            caches = model.new_caches()
+            model(tokens[:, :3], caches=caches)
+            with pytest.raises(ValueError, match="whole sequences"):
+                model(tokens[:, 3:4], caches=caches)
+        plain = build_recall(name, 16, seed=0, shift=False).eval()
+        with torch.no_grad():  # the plain embedding still decodes with caches
+            caches = plain.new_caches()
+            steps = [
+                plain(tokens[:, t : t + 1], caches=caches) for t in range(6)
+            ]
+            torch.testing.assert_close(
+                torch.cat(steps, dim=1), plain(tokens), rtol=0, atol=1e-5
+            )
+
+
 def test_training_script_uses_the_modules_settings():
     import train_circuits as tool
 
