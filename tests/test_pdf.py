@@ -138,6 +138,21 @@ def test_every_chapter_title_in_order(pdf):
     assert pages == sorted(pages) and pages[0] >= 3 and pages[-1] <= len(texts)
 
 
+def test_contents_page_shows_each_chapters_page_number(pdf):
+    """The page numbers stamped onto the contents page (build_pdf's
+    stamp_contents_page, after the book is printed) are the pages where the
+    chapters start."""
+    _, texts = pdf
+    record = json.loads(build_pdf.PDF.with_suffix(".json").read_text())
+    shown = collections.Counter(
+        re.findall(r"(?<![\w.])\d+(?![\w.])", texts[1])
+    )
+    wanted = collections.Counter(str(n) for n in record["pages"])
+    assert not wanted - shown, (
+        f"missing on the contents page: {wanted - shown}"
+    )
+
+
 def stored_figures():
     """Image outputs (PNG, JPEG) stored in the notebooks, and images that the
     pages' Markdown shows."""

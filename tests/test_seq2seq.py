@@ -102,21 +102,47 @@ def test_alibi_bias_bad_input():
     assert alibi_bias(4, pos[:0], pos).shape == (4, 0, 3)  # no query
 
 
+def test_attend_biased_refuses_mask_or_bias_on_another_device():
+    """A mask or bias on another device than Q was a RuntimeError (fresh
+    review of issue 47, round 2); now a ValueError naming both devices."""
+    Q, K, V = qkv()
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^mask is on meta, Q on cpu$", attend_biased, Q, K, V, mask)
+    raises("^bias is on meta, Q on cpu$", attend_biased, Q, K, V, None, bias)
+    # causal: its own check raises, else `mask & allowed` mixes devices
+    layer = seq2seq.AlibiSelfAttention(8, 2, causal=True)
+    square = torch.ones(5, 5, dtype=torch.bool, device="meta")
+    raises("^mask is on meta, Q on cpu$", layer, torch.ones(2, 5, 8), square)
+
+
 def test_attend_biased_bad_input():
     Q, K, V = qkv()
     bias = torch.zeros(3, 4, 5, dtype=torch.float64)
-    raises("mixed dtypes: Q", attend_biased, Q.float(), K, V)
-    raises("mixed dtypes: Q", attend_biased, Q, K, V.float())
+    raises(
+        "K is torch.float64 on cpu, Q is torch.float32",
+        attend_biased,
+        Q.float(),
+        K,
+        V,
+    )
+    raises(
+        "V is torch.float32 on cpu, Q is torch.float64",
+        attend_biased,
+        Q,
+        K,
+        V.float(),
+    )
     raises("mixed dtypes: Q", attend_biased, Q, K, V, None, bias.float())
     raises("mismatched batches", attend_biased, Q[:1], K, V)
     raises("mismatched batches", attend_biased, Q, K[:, :2], V)
+    raises("same size d_k: Q has 8, K has 4", attend_biased, Q, K[..., :4], V)
+    raises("K has 5 rows, V has 4", attend_biased, Q, K, V[:, :, :4])
     raises(
-        "queries of size 8, keys of size 4", attend_biased, Q, K[..., :4], V
+        "at least one key for its", attend_biased, Q, K[:, :, :0], V[:, :, :0]
     )
-    raises("5 keys but 4 values", attend_biased, Q, K, V[:, :, :4])
-    raises("empty key sequence", attend_biased, Q, K[:, :, :0], V[:, :, :0])
     raises("got d_k = 0", attend_biased, Q[..., :0], K[..., :0], V, None, bias)
-    raises("float tensor", attend_biased, Q.long(), K, V)
+    raises("Q must be a floating-point", attend_biased, Q.long(), K, V)
     raises("bias must be", attend_biased, Q, K, V, None, bias[..., :4])
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 5))
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 6).bool())
@@ -177,7 +203,12 @@ def test_cross_attention_bad_input():
     raises("kv must be the pair", attention, x, kv[0])
     raises("kv must be the pair", attention, x, (kv[0], "V"))
     raises("K and V differ", attention, x, (kv[0], kv[1][:, :, :4]))
-    raises("mixed dtypes: Q", attention, x, (kv[0].float(), kv[1].float()))
+    raises(
+        "K is torch.float32 on cpu, Q is torch.float64",
+        attention,
+        x,
+        (kv[0].float(), kv[1].float()),
+    )
     raises(
         "no key", attention, x, kv, torch.zeros(2, 1, 1, 5, dtype=torch.bool)
     )
@@ -1106,3 +1137,79 @@ def test_only_merges_into_the_stored_results(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="other settings"):  # other steps
         tool.main(["--steps", "3", "--out", str(tmp_path), "--only", "none"])
     assert not (tmp_path / "seq2seq" / "none.pt").exists()
+
+
+def test_alibi_layers_build_their_bias_on_the_inputs_device():
+    """AlibiSelfAttention built positions, mask and bias on the CPU: on
+    meta it raised 'bias is on cpu, Q on meta' (fresh review of issue 47,
+    round 4, F1); now it reaches attend_biased, which refuses meta (F3)."""
+    for causal in (True, False):
+        layer = seq2seq.AlibiSelfAttention(8, 2, causal=causal).to("meta")
+        x = torch.ones(2, 5, 8, device="meta")
+        raises("^Q is on meta: attention needs values", layer, x)
+    pos = torch.arange(3)
+    raises(
+        "^pos_q is on meta, pos_k on cpu", alibi_bias, 2, pos.to("meta"), pos
+    )
+
+
+def test_attend_biased_refuses_meta_float8_and_sparse():
+    """attend_biased returned meta tensors for Q, K, V on meta (F3); float8
+    and sparse tensors raised NotImplementedError (F4)."""
+    Q, K, V = (t.to("meta") for t in qkv())
+    raises("^Q is on meta: attention needs values", attend_biased, Q, K, V)
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^Q is on meta", attend_biased, Q, K, V, None, bias)
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    raises("^Q is on meta", attend_biased, Q, K, V, mask)
+    Q, K, V = (t.to(torch.float8_e5m2) for t in qkv())
+    raises(r"^Q is torch\.float8_e5m2 .*strided", attend_biased, Q, K, V)
+    Q, K, V = (t[0, 0].to_sparse() for t in qkv())
+    raises(r"^Q is .*sparse_coo.*strided", attend_biased, Q, K, V)
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_attend_biased_refuses_non_finite_inputs(name, bad):
+    """A NaN or infinite Q, K or bias could give NaN weights, and one in V
+    NaN or infinite outputs, without an error (F5): a bias row of -inf
+    leaves a query no key (mask it instead)."""
+    Q, K, V = qkv()
+    tensors = {"Q": Q, "K": K, "V": V, "bias": torch.zeros(4, 5).double()}
+    tensors[name].view(-1)[7] = bad
+    Q, K, V, bias = tensors.values()
+    raises(
+        f"^{name} contains NaN or infinite", attend_biased, Q, K, V, None, bias
+    )
+    if name != "bias":  # without a bias: attend's check
+        raises(f"^{name} contains NaN or infinite", attend_biased, Q, K, V)
+
+
+def test_attend_biased_refuses_a_bias_row_of_minus_inf():
+    Q, K, V = qkv()
+    bias = torch.zeros(4, 5, dtype=torch.float64)
+    bias[2] = float("-inf")  # query 2 sees no key: its softmax is 0 / 0
+    raises(
+        "^bias contains NaN or infinite", attend_biased, Q, K, V, None, bias
+    )
+
+
+def test_layers_refuse_inputs_on_another_device_than_their_weights():
+    """x or memory on another device than the weights, or a memory_mask on
+    another device than x, were RuntimeErrors (F2)."""
+    x, meta = torch.ones(2, 5, 8), torch.ones(2, 5, 8, device="meta")
+    cross = seq2seq.CrossAttention(8, 2)
+    raises(
+        "^memory is on meta, the layer's weights on cpu",
+        cross.keys_values,
+        meta,
+    )
+    kv = cross.keys_values(x)
+    raises("^x is on meta, the layer's weights on cpu", cross, meta, kv)
+    block = seq2seq.CrossDecoderBlock(8, 2, 16)
+    raises("^memory is on meta, the layer's weights", block, x, meta)
+    raises("^x is on meta, the layer's weights", block, meta, x)
+    memory_mask = torch.ones(2, 5, dtype=torch.bool, device="meta")
+    raises("^memory_mask is on meta, x on cpu$", block, x, x, memory_mask)
+    alibi = seq2seq.AlibiSelfAttention(8, 2)
+    raises("^x is on meta, the layer's weights on cpu", alibi, meta)
