@@ -26,10 +26,12 @@ and the score changes:
 - `soft_cap(cap)`: cap tanh(score / cap), Gemma 2's logit soft-capping.
 
 `attend(Q, K, V, mask_mod, score_mod)` runs FlexAttention with the
-`BlockMask` of mask_mod: eagerly, unless it is called inside
-`torch.compile`. `band_blocks` counts by hand the blocks of B x B scores
-(B = `BLOCK`) that a mask whose keys form one interval per query leaves
-to compute, and which of them are full; `block_counts` reads the same
+`BlockMask` of mask_mod: eagerly (`eager`, through PyTorch's private
+debugging switch; `public` is the public path it is checked against),
+unless it is called inside `torch.compile`. `band_blocks` counts by
+hand the blocks of B x B scores (B = `BLOCK`) that a mask whose keys
+form one interval per query leaves to compute, and which of them are
+full; `block_counts` reads the same
 from a `BlockMask`; `skipped` the share of blocks it skips, beside
 `BlockMask.sparsity()`.
 
@@ -57,7 +59,8 @@ from gpt import Decoder, check_new, check_prompt
 from seq2seq import alibi_slopes
 
 BLOCK = 128  # FlexAttention's default block: 128 queries x 128 keys
-# its warning that eager FlexAttention computes every score: we mean it
+# the public path's one-time warning that eager FlexAttention computes every
+# score (`public` silences it: we mean it)
 EAGER_WARNING = "flex_attention called without torch.compile"
 
 
@@ -97,6 +100,7 @@ def padding(lengths):
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx < lengths[b]
 
+    mask_mod.rows = len(lengths)  # block_mask checks it against B
     return mask_mod
 
 
@@ -135,6 +139,7 @@ def documents(lengths):
     def mask_mod(b, h, q_idx, kv_idx):
         return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
 
+    mask_mod.tokens = len(doc)  # block_mask checks it against T_q and T_k
     return mask_mod
 
 
@@ -177,15 +182,35 @@ def soft_cap(cap):
 
 def block_mask(mask_mod, T_q, T_k, B=None, block=BLOCK):
     """The BlockMask of mask_mod for T_q queries and T_k keys, blocks of
-    block x block scores; B batch rows (None: one mask for all rows)."""
+    block x block scores; B batch rows (None: one mask for all rows).
+    ValueError if `padding`'s lengths are not one per batch row, if
+    `documents` do not hold exactly T_q = T_k tokens, or if mask_mod
+    indexes a tensor it captured out of range."""
     check_integer("T_q", T_q, low=1)
     check_integer("T_k", T_k, low=1)
     check_integer("the block", block, low=1)
     if not callable(mask_mod):
         raise ValueError(f"mask_mod must be a function, got {mask_mod!r}")
-    return create_block_mask(
-        mask_mod, B, None, T_q, T_k, device="cpu", BLOCK_SIZE=block
-    )
+    rows = getattr(mask_mod, "rows", None)  # flex.padding's
+    if rows is not None and (1 if B is None else B) != rows:
+        raise ValueError(
+            f"padding has {rows} lengths, one per batch row, but B = {B}"
+        )
+    tokens = getattr(mask_mod, "tokens", None)  # flex.documents'
+    if tokens is not None and not T_q == T_k == tokens:
+        raise ValueError(
+            f"the documents hold {tokens} tokens, but T_q = {T_q} and "
+            f"T_k = {T_k}: their lengths must add up to T"
+        )
+    try:
+        return create_block_mask(
+            mask_mod, B, None, T_q, T_k, device="cpu", BLOCK_SIZE=block
+        )
+    except IndexError as error:  # e.g. and_masks(padding(...), ...)
+        raise ValueError(
+            f"mask_mod indexes a tensor it captured out of range for "
+            f"B = {B}, T_q = {T_q}, T_k = {T_k}: {error}"
+        ) from error
 
 
 def attend(Q, K, V, mask_mod=None, score_mod=None, block=BLOCK):
@@ -204,22 +229,33 @@ def attend(Q, K, V, mask_mod=None, score_mod=None, block=BLOCK):
 
 
 def eager(Q, K, V, score_mod, mask):
-    """flex_attention(Q, K, V, score_mod, block_mask=mask) eagerly, without
-    dynamo's trace of the call, which takes a fraction of a second for
-    each new mask_mod or score_mod: PyTorch's debugging switch
-    `_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`, named in the warning it gives
-    in eager mode. The same computation (math_attention: every score, the
-    hooks vmapped), for the forward pass only."""
+    """flex_attention(Q, K, V, score_mod, block_mask=mask) eagerly, with
+    PyTorch's PRIVATE switch `_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG` set
+    for the call and restored after it. Without it, flex_attention first
+    traces each new mask_mod or score_mod with dynamo (torch.compile with
+    the "eager" backend; about 0.4 s of CPU each on the book's machine,
+    which would double tests/test_flex.py's time) and warns once. PyTorch
+    means the switch "ONLY for debugging score_mod and mask_mod
+    functions": it "bypasses the required internal compilation that
+    ensures correctness and performance" and "doesn't work with the
+    backwards pass and may produce incorrect results" (its comment and
+    warning in torch/nn/attention/flex_attention.py, 2.13). Forward pass
+    only; tests/test_flex.py checks that the output equals the public
+    path's on every mask and score_mod of this module."""
     before = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
     flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=EAGER_WARNING)
-            return flex_attention(
-                Q, K, V, score_mod=score_mod, block_mask=mask
-            )
+        return flex_attention(Q, K, V, score_mod=score_mod, block_mask=mask)
     finally:
         flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
+
+
+def public(Q, K, V, score_mod, mask):
+    """flex_attention(Q, K, V, score_mod, block_mask=mask) the public way:
+    traced by dynamo, its one-time warning silenced. `eager`'s reference."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=EAGER_WARNING)
+        return flex_attention(Q, K, V, score_mod, mask)
 
 
 def dense_mask(mask_mod, T_q, T_k, B=1):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import BOOK  # noqa: F401  (puts book/ on sys.path)
+from torch.nn.attention.flex_attention import and_masks
 from torch.testing import assert_close
 
 import caches
@@ -167,6 +168,62 @@ def test_a_query_without_keys_gets_zeros():
     Q, K, V = qkv(T=5, seed=9)
     out = flex.attend(Q, K, V, flex.padding([0, 5]))
     assert torch.equal(out[0], torch.zeros_like(out[0]))
+
+
+# --- eager: PyTorch's private switch against the public path --------------------
+
+
+def test_eager_is_the_public_path():
+    """flex.eager's private switch gives the public path's output exactly,
+    on every mask and score change of book/flex.py (forward only)."""
+    Q, K, V = qkv(T=200, d=16)
+    hooks = {
+        "causal": (flex.causal, None),
+        "bottom-right": (flex.bottom_right(0), None),
+        "window": (flex.sliding_window(64), None),
+        "padding": (flex.padding([200, 130]), None),
+        "sinks": (flex.sinks(4, 64), None),
+        "prefix": (flex.prefix_lm(50), None),
+        "documents": (flex.documents([50, 30, 120]), None),
+        "ALiBi": (flex.causal, flex.alibi(3)),
+        "symmetric ALiBi": (None, flex.alibi(3, symmetric=True)),
+        "soft-cap": (flex.causal, flex.soft_cap(2)),
+    }
+    for name, (mask_mod, score_mod) in hooks.items():
+        mask = (
+            None
+            if mask_mod is None
+            else flex.block_mask(mask_mod, 200, 200, 2)
+        )
+        ours = flex.eager(Q, K, V, score_mod, mask)
+        assert torch.equal(ours, flex.public(Q, K, V, score_mod, mask)), name
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_eager_restores_the_switch(before, monkeypatch):
+    """The switch is set during the call only, and restored even when the
+    call fails."""
+    module = flex.flex_module
+    monkeypatch.setattr(
+        module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", before
+    )
+    Q, K, V = qkv(T=5)
+    flex.eager(Q, K, V, None, None)
+    assert module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is before
+    with pytest.raises(ValueError, match="embedding dimension"):
+        flex.eager(Q, K[..., :3], V, None, None)  # PyTorch's own check
+    assert module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is before
+
+
+def test_eager_does_not_trace(monkeypatch):
+    """With the switch, FlexAttention calls no torch.compile."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.compile called")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    Q, K, V = qkv(T=5)
+    flex.eager(Q, K, V, flex.alibi(3), flex.block_mask(flex.causal, 5, 5))
 
 
 # --- blocks --------------------------------------------------------------------
@@ -379,6 +436,10 @@ def test_one_token_prompt(decoder):
         (lambda: flex.band_blocks(4, 4, min, max, block=0), "block"),
         (lambda: flex.block_counts(None), "BlockMask"),
         (lambda: flex.tile_kinds("mask"), "BlockMask"),
+        (lambda: flex.block_mask(flex.padding([3]), 4, 4, B=2), "B = 2"),
+        (lambda: flex.block_mask(flex.padding([3, 4]), 4, 4), "B = None"),
+        (lambda: flex.block_mask(flex.documents([2, 1]), 4, 4), "3 tokens"),
+        (lambda: flex.block_mask(flex.documents([4]), 4, 5), "T_k = 5"),
     ],
 )
 def test_bad_arguments_are_named(make, match):
@@ -411,6 +472,19 @@ def test_bad_tensors_are_named():
         flex.attend(Q, K, V[..., :2, :])
     with pytest.raises(ValueError, match="score_mod"):
         flex.attend(Q, K, V, score_mod="alibi")
+
+
+def test_attend_names_masks_that_do_not_fit():
+    """Documents that do not cover T and padding lengths that are not one
+    per batch row: a ValueError, not FlexAttention's IndexError."""
+    Q, K, V = qkv(B=2, T=40)
+    with pytest.raises(ValueError, match="30 tokens, but T_q = 40"):
+        flex.attend(Q, K, V, flex.documents([10, 20]))
+    with pytest.raises(ValueError, match="1 lengths, one per batch row"):
+        flex.attend(Q, K, V, flex.padding([5]))
+    both = and_masks(flex.causal, flex.documents([10, 20]))  # no `tokens`
+    with pytest.raises(ValueError, match="out of range"):
+        flex.attend(Q, K, V, both)
 
 
 def test_greedy_fixed_refuses(decoder):
