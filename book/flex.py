@@ -231,10 +231,13 @@ def attend(Q, K, V, mask_mod=None, score_mod=None, block=BLOCK):
 def eager(Q, K, V, score_mod, mask):
     """flex_attention(Q, K, V, score_mod, block_mask=mask) eagerly, with
     PyTorch's PRIVATE switch `_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG` set
-    for the call and restored after it. Without it, flex_attention first
-    traces each new mask_mod or score_mod with dynamo (torch.compile with
-    the "eager" backend; about 0.4 s of CPU each on the book's machine,
-    which would double tests/test_flex.py's time) and warns once. PyTorch
+    for the call and restored after it. Without it, flex_attention runs
+    each call through torch.compile with the "eager" backend, which traces
+    every new mask_mod and score_mod first, and warns once (`public`). On
+    2026-12-07 the public path took 33 s of user CPU against 17 s for
+    tests/test_flex.py and tests/test_ch16_flex_attention.py (one run
+    each), and dynamo refused the hooks of a chapter loaded by
+    tools/chapter_loader.py (a module named by its path). PyTorch
     means the switch "ONLY for debugging score_mod and mask_mod
     functions": it "bypasses the required internal compilation that
     ensures correctness and performance" and "doesn't work with the
