@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_qkv_shapes, check_qkv_tensors
+from attention import check_qkv_shapes, check_qkv_tensors, check_scores_finite
 from transformer import (
     Cache,
     EncoderBlock,
@@ -130,12 +130,14 @@ def attend_biased(Q, K, V, mask=None, bias=None):
 
     Q, K, V and the bias must be finite (a key to hide: mask it): a NaN or
     an infinity in Q, K or the bias can make weights NaN (a bias row of
-    -inf does); in V it makes outputs NaN or infinite."""
+    -inf does); in V it makes outputs NaN or infinite. A score that
+    overflows its dtype (float16 stops at 65504) is a ValueError too."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
         return attend(Q, K, V, mask)  # it checks Q, K and V's values
     check_finite(Q=Q, K=K, V=V, bias=bias)  # one reduction each
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
+    check_scores_finite(scores, mask)  # float16 overflows past 65504
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)

@@ -26,7 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_mask, check_qkv_shapes, check_qkv_tensors
+from attention import (
+    check_mask,
+    check_qkv_shapes,
+    check_qkv_tensors,
+    check_scores_finite,
+)
 from flash import flash_attention
 
 
@@ -36,15 +41,19 @@ def attend(Q, K, V, mask=None, rows_checked=False):
     A query the mask lets see no key is a ValueError (chapter 3's function
     gives it zeros): its softmax is undefined. So is a NaN or an infinity
     in Q, K or V: in Q or K it can make weights NaN, in V it makes outputs
-    NaN or infinite. rows_checked=True skips these value checks (operations
-    on every step) for a causal or cached layer's own call, with a mask it
-    built from positions: such a layer given a NaN or an infinity in x
-    returns NaN or infinite outputs without an error (chapter 10 counts a
-    step's operations)."""
+    NaN or infinite; and so is a score that overflows its dtype (float16
+    stops at 65504: entries 300 with d_k = 8 give 720,000). rows_checked=True
+    skips these value checks (operations on every step) for a causal or
+    cached layer's own call, with a mask it built from positions: such a
+    layer given a NaN or an infinity in x, or scores that overflow, returns
+    NaN or infinite outputs without an error (chapter 10 counts a step's
+    operations)."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     if not rows_checked:
         check_finite(Q=Q, K=K, V=V)  # ValueError naming NaN or infinity
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
+    if not rows_checked:
+        check_scores_finite(scores, mask)  # ValueError: a score overflowed
     if mask is not None:
         if not rows_checked:
             check_rows(mask)  # ValueError naming a query that sees no key

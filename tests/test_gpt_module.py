@@ -806,6 +806,27 @@ def test_attend_refuses_float8_and_sparse(make, named):
         transformer.attend(Q, K, V)
 
 
+def test_attend_refuses_float16_scores_that_overflow():
+    """Finite float16 Q and K whose scores overflow (300 * 300 * 8 = 720,000
+    > 65,504) gave NaN outputs without an error (issue 47, s6 item 1); a
+    masked-out overflow is no error. A layer's own call skips the check."""
+    Q = torch.full((1, 2, 8), 300.0, dtype=torch.float16)
+    V = torch.ones(1, 2, 8, dtype=torch.float16)
+    with pytest.raises(
+        ValueError, match=r"^a score .* overflowed torch\.float16"
+    ):
+        transformer.attend(Q, Q, V)
+    small = Q.clone()
+    small[0, 0] = 1.0  # only query 1's score of key 1 overflows
+    with pytest.raises(ValueError, match=r"overflowed torch\.float16"):
+        transformer.attend(small, small, V)
+    hide = torch.tensor([[True, True], [True, False]])  # hides that score
+    out, _ = transformer.attend(small, small, V, hide)
+    assert out.isfinite().all()
+    out, _ = transformer.attend(Q, Q, V, rows_checked=True)
+    assert not out.isfinite().all()  # a layer's call: no check, NaN
+
+
 @pytest.mark.parametrize("name", ["Q", "K", "V"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_attend_refuses_non_finite_q_k_v(name, bad):

@@ -1168,6 +1168,21 @@ def test_attend_biased_refuses_meta_float8_and_sparse():
     raises(r"^Q is .*sparse_coo.*strided", attend_biased, Q, K, V)
 
 
+def test_attend_biased_refuses_float16_scores_that_overflow():
+    """Finite float16 Q and K whose scores overflow float16 (300 * 300 * 8 =
+    720,000 > 65,504) gave NaN outputs without an error (issue 47, s6
+    item 1), with a bias or without."""
+    Q = torch.full((1, 2, 8), 300.0, dtype=torch.float16)
+    V = torch.ones(1, 2, 8, dtype=torch.float16)
+    bias = torch.zeros(2, 2, dtype=torch.float16)
+    overflow = r"^a score .* overflowed torch\.float16"
+    raises(overflow, attend_biased, Q, Q, V, None, bias)
+    raises(overflow, attend_biased, Q, Q, V)
+    small = Q / 100  # scores 72 / sqrt(8): they fit
+    out, _ = attend_biased(small, small, V, None, bias)
+    assert out.isfinite().all()
+
+
 @pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_attend_biased_refuses_non_finite_inputs(name, bad):
