@@ -17,6 +17,7 @@ independent references:
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -1228,3 +1229,52 @@ def test_layers_refuse_inputs_on_another_device_than_their_weights():
     raises("^memory_mask is on meta, x on cpu$", block, x, x, memory_mask)
     alibi = seq2seq.AlibiSelfAttention(8, 2)
     raises("^x is on meta, the layer's weights on cpu", alibi, meta)
+
+
+# --- issue 47, s6: sparse or nested masks, biases and x; float8 dtypes ------
+
+
+def nested(t):
+    """t's rows as a nested tensor (torch warns: a prototype API)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(list(t))
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+        (lambda t: t.to_sparse_csr(), r"torch\.sparse_csr"),
+        (nested, "a nested tensor"),
+    ],
+)
+def test_masks_biases_and_x_must_be_dense(make, named):
+    """A sparse or nested mask, bias or x passed the checks and then raised
+    NotImplementedError or RuntimeError (issue 47, s6 item 2)."""
+    Q, K, V = qkv(T_k=4)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    bias = torch.zeros(4, 4, dtype=torch.float64)
+    x = torch.ones(2, 4, 8, dtype=torch.float64)
+    alibi = seq2seq.AlibiSelfAttention(8, 2).double()
+    calls = [
+        ("mask", lambda: attend_biased(Q, K, V, make(mask))),
+        ("mask", lambda: attend_biased(Q, K, V, make(mask), bias)),
+        ("bias", lambda: attend_biased(Q, K, V, None, make(bias))),
+        ("x", lambda: alibi(make(x))),
+        ("mask", lambda: alibi(x, make(mask))),
+    ]
+    for name, call in calls:
+        raises(
+            rf"^{name} must be a dense \(strided\) tensor, got {named}$", call
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_alibi_refuses_float8(dtype):
+    """alibi_bias took a float8 dtype and raised NotImplementedError
+    ('neg_cpu'); alibi_slopes returned float8 slopes (issue 47, s6 item 3)."""
+    named = r"float16, bfloat16, float32 or float64\), got torch\.float8"
+    pos = torch.arange(3)
+    raises(rf"^dtype must be .*{named}", alibi_bias, 2, pos, pos, dtype)
+    raises(rf"^dtype must be .*{named}", alibi_slopes, 2, dtype)
