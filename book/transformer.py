@@ -504,22 +504,20 @@ def check_vectors(name, x, weight=None, layer="the layer"):
             )
         return
     d = weight.shape[-1]
-    wants = f"{layer} takes {name} of shape (B, T, d = {d}), so {name} must "
     if not is_tensor or x.dim() != 3:
         raise ValueError(
-            f"{name} must be a float tensor: {wants}have shape (B, T, {d}), "
+            f"{name} must have shape (B, T, {d}), the input {layer} takes, "
             f"got {shape_of(x)}"
         )
     if x.shape[-1] != d:
         raise ValueError(
-            f"{name} has {x.shape[-1]} features: {wants}have shape "
-            f"(B, T, {d}), got {shape_of(x)}"
+            f"{name} has {x.shape[-1]} features: {name} must have shape "
+            f"(B, T, {d}), the input {layer} takes, got {shape_of(x)}"
         )
     if x.dtype != weight.dtype:
         raise ValueError(
-            f"mixed dtypes: {name} is {x.dtype}, the layer {weight.dtype} "
-            f"(the layer's weights are {weight.dtype}): convert one to the "
-            f"other ({name}.double(), model.double())"
+            f"mixed dtypes: {name} is {x.dtype}, the layer {weight.dtype}: "
+            f"convert one to the other ({name}.double(), model.double())"
         )
     if x.device != weight.device:
         raise ValueError(
