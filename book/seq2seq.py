@@ -109,6 +109,7 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
     error, no query an empty bias.
     """
     for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
+        check_dense(name, pos)  # a sparse or nested tensor: no sizes
         if not is_integer_tensor(pos) or pos.dim() != 1:
             raise ValueError(
                 f"{name} must be a 1-D tensor of integer positions, got "
@@ -131,14 +132,22 @@ def attend_biased(Q, K, V, mask=None, bias=None):
 
     Q, K, V and the bias must be finite (a key to hide: mask it): a NaN or
     an infinity in Q, K or the bias can make weights NaN (a bias row of
-    -inf does); in V it makes outputs NaN or infinite. A score that
-    overflows its dtype (float16 stops at 65504) is a ValueError too."""
+    -inf does); in V it makes outputs NaN or infinite. A score plus its
+    bias that overflows its dtype (float16 stops at 65504), or a product
+    Q K^T that does before the division, is a ValueError too."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
         return attend(Q, K, V, mask)  # it checks Q, K and V's values
     check_finite(Q=Q, K=K, V=V, bias=bias)  # one reduction each
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
-    check_scores_finite(scores, mask)  # float16 overflows past 65504
+    try:
+        check_scores_finite(scores, mask)  # float16 overflows past 65504
+    except ValueError:  # its message names Q K^T only
+        raise ValueError(
+            f"a score Q K^T / sqrt(d_k) + bias overflowed {scores.dtype} "
+            f"(largest {torch.finfo(scores.dtype).max:g}): scale Q, K or the "
+            f"bias down, or use a wider dtype"
+        ) from None
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)

@@ -42,8 +42,9 @@ def attend(Q, K, V, mask=None, rows_checked=False):
     A query the mask lets see no key is a ValueError (chapter 3's function
     gives it zeros): its softmax is undefined. So is a NaN or an infinity
     in Q, K or V: in Q or K it can make weights NaN, in V it makes outputs
-    NaN or infinite; and so is a score that overflows its dtype (float16
-    stops at 65504: entries 300 with d_k = 8 give 720,000). rows_checked=True
+    NaN or infinite; and so is a product Q K^T that overflows its dtype
+    before the division by sqrt(d_k) (float16 stops at 65504: entries 300
+    with d_k = 8 give 720,000, entries 100 give 80,000). rows_checked=True
     skips these value checks (operations on every step) for a causal or
     cached layer's own call, with a mask it built from positions: such a
     layer given a NaN or an infinity in x, or scores that overflow, returns
@@ -596,6 +597,7 @@ def check_rotary(x, positions):
             f"be even, got shape {tuple(x.shape)}"
         )
     T = x.shape[-2]
+    check_dense("positions", positions)  # a sparse or nested tensor: no sizes
     if positions is not None and (
         not isinstance(positions, torch.Tensor)
         or tuple(positions.shape) != (T,)

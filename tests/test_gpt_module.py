@@ -894,6 +894,7 @@ def test_masks_and_x_must_be_dense(make, named):
     x, Q = ones(2, 3, 8), ones(2, 3, 4)
     mask = torch.ones(3, 3, dtype=torch.bool)
     padding = torch.ones(2, 3, dtype=torch.bool)
+    positions = torch.arange(3)[None]  # (1, T): CSR and nested need rows
     calls = [
         ("mask", lambda: transformer.attend(Q, Q, Q, make(mask))),
         ("mask", lambda: transformer.combine_masks(x, make(mask), None)),
@@ -905,6 +906,7 @@ def test_masks_and_x_must_be_dense(make, named):
         ("x", lambda: transformer.SelfAttention(8, 2, causal=True)(make(x))),
         ("x", lambda: transformer.EncoderBlock(8, 2, 16)(make(x))),
         ("x", lambda: transformer.rotary(make(Q))),
+        ("positions", lambda: transformer.rotary(Q, make(positions))),
     ]
     for name, call in calls:
         with pytest.raises(

@@ -1182,6 +1182,19 @@ def test_attend_biased_refuses_float16_scores_that_overflow():
     small = Q / 100  # scores 72 / sqrt(8): they fit
     out, _ = attend_biased(small, small, V, None, bias)
     assert out.isfinite().all()
+    # scores of 20 that fit, and a bias of 65,504 that makes them overflow:
+    # the message names the bias (it named Q K^T alone)
+    one = torch.ones(1, 2, 4, dtype=torch.float16)
+    big = torch.full((2, 2), 65504.0, dtype=torch.float16)
+    raises(
+        r"^a score Q K\^T / sqrt\(d_k\) \+ bias overflowed torch\.float16",
+        attend_biased,
+        one,
+        10 * one,
+        one,
+        None,
+        big,
+    )
 
 
 @pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
@@ -1257,12 +1270,15 @@ def test_masks_biases_and_x_must_be_dense(make, named):
     bias = torch.zeros(4, 4, dtype=torch.float64)
     x = torch.ones(2, 4, 8, dtype=torch.float64)
     alibi = seq2seq.AlibiSelfAttention(8, 2).double()
+    pos = torch.arange(4)
     calls = [
         ("mask", lambda: attend_biased(Q, K, V, make(mask))),
         ("mask", lambda: attend_biased(Q, K, V, make(mask), bias)),
         ("bias", lambda: attend_biased(Q, K, V, None, make(bias))),
         ("x", lambda: alibi(make(x))),
         ("mask", lambda: alibi(x, make(mask))),
+        ("pos_q", lambda: alibi_bias(2, make(pos[None]), pos)),  # (1, T)
+        ("pos_k", lambda: alibi_bias(2, pos, make(pos[None]))),
     ]
     for name, call in calls:
         raises(
