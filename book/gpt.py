@@ -453,9 +453,10 @@ class Decoder:
             )
         if getattr(model.embed, "reads_previous_token", False):
             raise ValueError(
-                "a Decoder steps one token at a time, but this model's "
-                "embedding adds each token's predecessor (chapter 15's "
-                "PreviousToken): run the model on whole sequences"
+                "a Decoder reads the token embedding's weight alone, but "
+                "this model's embedding also adds each token's predecessor "
+                "(chapter 15's PreviousToken): run the model itself on whole "
+                "sequences"
             )
         attn = model.blocks[0].self_attn
         if any(

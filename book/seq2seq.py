@@ -142,11 +142,13 @@ def attend_biased(Q, K, V, mask=None, bias=None):
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
     try:
         check_scores_finite(scores, mask)  # float16 overflows past 65504
-    except ValueError:  # its message names Q K^T only
+    except ValueError:  # the product, or the bias added to it?
+        product = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5
+        check_scores_finite(product, mask)  # names Q K^T
         raise ValueError(
             f"a score Q K^T / sqrt(d_k) + bias overflowed {scores.dtype} "
-            f"(largest {torch.finfo(scores.dtype).max:g}): scale Q, K or the "
-            f"bias down, or use a wider dtype"
+            f"(largest {torch.finfo(scores.dtype).max:g}) where Q K^T / "
+            f"sqrt(d_k) alone fits: scale the bias down or use a wider dtype"
         ) from None
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))

@@ -916,6 +916,13 @@ def test_masks_and_x_must_be_dense(make, named):
             call()
 
 
+def test_one_dimensional_sparse_positions_are_refused():
+    """A 1-D sparse COO positions tensor raised NotImplementedError
+    (aten::cos on SparseCPU) from rotary."""
+    with pytest.raises(ValueError, match=r"^positions must be a dense"):
+        transformer.rotary(ones(2, 3, 4), torch.arange(3).to_sparse())
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_position_functions_refuse_float8(dtype):
     """frequencies, sinusoidal_encoding and rotary took a float8 dtype and

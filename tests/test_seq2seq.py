@@ -1195,6 +1195,22 @@ def test_attend_biased_refuses_float16_scores_that_overflow():
         None,
         big,
     )
+    # the product alone overflows (scores 28,284 after the division would
+    # fit): the message names Q K^T, not the bias, whatever the bias
+    hundred = torch.full((1, 2, 8), 100.0, dtype=torch.float16)
+    for b in (0.0, -60000.0):
+        raises(
+            r"^a score Q K\^T / sqrt\(d_k\) or its product Q K\^T overflowed",
+            attend_biased,
+            hundred,
+            hundred,
+            V,
+            None,
+            torch.full_like(bias, b),
+        )
+    # a 1-D sparse position tensor (RuntimeError: add(sparse, dense))
+    pos = torch.arange(3)
+    raises(r"^pos_q must be a dense", alibi_bias, 2, pos.to_sparse(), pos)
 
 
 @pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
