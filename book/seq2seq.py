@@ -132,9 +132,9 @@ def attend_biased(Q, K, V, mask=None, bias=None):
 
     Q, K, V and the bias must be finite (a key to hide: mask it): a NaN or
     an infinity in Q, K or the bias can make weights NaN (a bias row of
-    -inf does); in V it makes outputs NaN or infinite. A score plus its
-    bias that overflows its dtype (float16 stops at 65504), or a product
-    Q K^T that does before the division, is a ValueError too."""
+    -inf does); in V it makes outputs NaN or infinite. An unmasked score
+    plus its bias that overflows its dtype (float16 stops at 65504), or an
+    unmasked product Q K^T that does before the division, is a ValueError."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
         return attend(Q, K, V, mask)  # it checks Q, K and V's values
@@ -148,7 +148,8 @@ def attend_biased(Q, K, V, mask=None, bias=None):
         raise ValueError(
             f"a score Q K^T / sqrt(d_k) + bias overflowed {scores.dtype} "
             f"(largest {torch.finfo(scores.dtype).max:g}) where Q K^T / "
-            f"sqrt(d_k) alone fits: scale the bias down or use a wider dtype"
+            f"sqrt(d_k) alone fits: scale Q, K or the bias down, or use a "
+            f"wider dtype"
         ) from None
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
