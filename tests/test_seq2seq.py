@@ -228,7 +228,9 @@ def test_decoder_block_bad_input():
     raises("memory must be a float tensor", block, x, memory[0])
     K, V = block.cross_attn.keys_values(memory)
     raises("empty source", block, x, (K[:, :, :0], V[:, :, :0]))
-    raises("cache must be", block, x, memory, None, None, "cache")
+    raises(
+        "cache must be a Cache or None", block, x, memory, None, None, "cache"
+    )
     raises("memory_mask must be a boolean", block, x, memory, torch.ones(2, 5))
     raises("target mask", block, x, memory, None, torch.ones(3, 3))
     with torch.no_grad():
