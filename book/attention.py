@@ -52,9 +52,9 @@ def check_scores_finite(E, mask=None):
         bad = bad & mask
     if bad.any():
         raise ValueError(
-            f"a score Q K^T / sqrt(d_k) overflowed {E.dtype} (largest "
-            f"{torch.finfo(E.dtype).max:g}): scale Q and K down or use a "
-            f"wider dtype"
+            f"a score Q K^T / sqrt(d_k) or its product Q K^T overflowed "
+            f"{E.dtype} (largest {torch.finfo(E.dtype).max:g}): scale Q and "
+            f"K down or use a wider dtype"
         )
 
 

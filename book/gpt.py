@@ -451,6 +451,13 @@ class Decoder:
             raise ValueError(
                 f"model must be a GPT, got {type(model).__name__}"
             )
+        if getattr(model.embed, "reads_previous_token", False):
+            raise ValueError(
+                "a Decoder reads the token embedding's weight alone, but "
+                "this model's embedding also adds each token's predecessor "
+                "(chapter 15's PreviousToken): run the model itself on whole "
+                "sequences"
+            )
         attn = model.blocks[0].self_attn
         if any(
             type(b.self_attn) is not RotarySelfAttention for b in model.blocks

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_qkv_shapes, check_qkv_tensors
+from attention import check_qkv_shapes, check_qkv_tensors, check_scores_finite
 from transformer import (
     Cache,
     EncoderBlock,
@@ -58,9 +58,12 @@ from transformer import (
     SelfAttention,
     allowed_positions,
     attend,
+    check_dense,
+    check_dtype,
     check_finite,
     check_heads,
     check_rows,
+    check_vectors,
     sinusoidal_encoding,
 )
 
@@ -81,8 +84,7 @@ def alibi_slopes(H, dtype=torch.float64):
     """
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"H must be a positive integer, got {H!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a float type, got {dtype!r}")
+    check_dtype(dtype)  # float16, bfloat16, float32 or float64
 
     def power_of_two(n):
         start = 2.0 ** (-8.0 / n)
@@ -107,6 +109,7 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
     error, no query an empty bias.
     """
     for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
+        check_dense(name, pos)  # a sparse or nested tensor: no sizes
         if not is_integer_tensor(pos) or pos.dim() != 1:
             raise ValueError(
                 f"{name} must be a 1-D tensor of integer positions, got "
@@ -114,8 +117,7 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
             )
     if len(pos_k) == 0 and len(pos_q) > 0:
         raise ValueError("an empty key sequence: the queries have no key")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a float type, got {dtype!r}")
+    check_dtype(dtype)  # float16, bfloat16, float32 or float64
     if pos_q.device != pos_k.device:
         raise ValueError(
             f"pos_q is on {pos_q.device}, pos_k on {pos_k.device}"
@@ -130,12 +132,25 @@ def attend_biased(Q, K, V, mask=None, bias=None):
 
     Q, K, V and the bias must be finite (a key to hide: mask it): a NaN or
     an infinity in Q, K or the bias can make weights NaN (a bias row of
-    -inf does); in V it makes outputs NaN or infinite."""
+    -inf does); in V it makes outputs NaN or infinite. An unmasked score
+    plus its bias that overflows its dtype (float16 stops at 65504), or an
+    unmasked product Q K^T that does before the division, is a ValueError."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
         return attend(Q, K, V, mask)  # it checks Q, K and V's values
     check_finite(Q=Q, K=K, V=V, bias=bias)  # one reduction each
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
+    try:
+        check_scores_finite(scores, mask)  # float16 overflows past 65504
+    except ValueError:  # the product, or the bias added to it?
+        product = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5
+        check_scores_finite(product, mask)  # names Q K^T
+        raise ValueError(
+            f"a score Q K^T / sqrt(d_k) + bias overflowed {scores.dtype} "
+            f"(largest {torch.finfo(scores.dtype).max:g}) where Q K^T / "
+            f"sqrt(d_k) alone fits: scale Q, K or the bias down, or use a "
+            f"wider dtype"
+        ) from None
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -302,6 +317,7 @@ def check_block_inputs(
     if S == 0:
         raise ValueError("an empty source: the memory has no position")
     if memory_mask is not None:
+        check_dense("memory_mask", memory_mask)
         if not is_bool_tensor(memory_mask) or tuple(memory_mask.shape) != (
             B,
             S,
@@ -324,6 +340,7 @@ def check_tgt_mask(tgt_mask, B, T):
     """Raise ValueError unless tgt_mask is None or boolean (T, T) or (B, T, T)."""
     if tgt_mask is None:
         return
+    check_dense("the target mask", tgt_mask)
     if not is_bool_tensor(tgt_mask) or tuple(tgt_mask.shape) not in (
         (T, T),
         (B, T, T),
@@ -950,32 +967,6 @@ def check_positions(positions):
         )
 
 
-def check_vectors(name, x, like=None):
-    """Raise ValueError unless x is a float (B, T, d) tensor; given a tensor
-    `like` (a layer's weight), with its size d (last axis), dtype and
-    device."""
-    if not is_float_tensor(x) or x.dim() != 3:
-        raise ValueError(
-            f"{name} must be a float tensor (B, T, d), got {describe(x)}"
-        )
-    if like is None:
-        return
-    if x.shape[-1] != like.shape[-1]:
-        raise ValueError(
-            f"{name} has {x.shape[-1]} features, the layer takes "
-            f"{like.shape[-1]}"
-        )
-    if x.dtype != like.dtype:
-        raise ValueError(
-            f"mixed dtypes: {name} is {x.dtype}, the layer's weights "
-            f"{like.dtype}"
-        )
-    if x.device != like.device:
-        raise ValueError(
-            f"{name} is on {x.device}, the layer's weights on {like.device}"
-        )
-
-
 def check_memory(memory, like, name="memory"):
     """check_vectors, and no empty source: S >= 1 positions."""
     check_vectors(name, memory, like)
@@ -1025,6 +1016,7 @@ def check_caches(caches, layers):
 def check_mask(mask, shape, device):
     """Raise ValueError unless mask is None or a boolean tensor on device
     (Q's) that broadcasts to shape."""
+    check_dense("mask", mask)
     if mask is not None and not (
         is_bool_tensor(mask) and broadcasts(mask.shape, shape)
     ):
@@ -1044,6 +1036,8 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
     allowed: no query, an empty result. Q, K and V: attention.py's
     checks, with equal leading axes."""
     check_qkv_tensors(Q, K, V)  # float tensors, one dtype and device
+    for name, t in dict(Q=Q, K=K, V=V, mask=mask, bias=bias).items():
+        check_dense(name, t)  # nested, or a sparse or nested mask or bias
     check_qkv_shapes(Q, K, V, same_batch=True)  # d_k >= 1, T_k, batches
     T_q, T_k = Q.shape[-2], K.shape[-2]
     scores = (*Q.shape[:-1], T_k)

@@ -26,7 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_mask, check_qkv_shapes, check_qkv_tensors
+from attention import (
+    FLOAT_DTYPES,
+    check_mask,
+    check_qkv_shapes,
+    check_qkv_tensors,
+    check_scores_finite,
+)
 from flash import flash_attention
 
 
@@ -36,15 +42,20 @@ def attend(Q, K, V, mask=None, rows_checked=False):
     A query the mask lets see no key is a ValueError (chapter 3's function
     gives it zeros): its softmax is undefined. So is a NaN or an infinity
     in Q, K or V: in Q or K it can make weights NaN, in V it makes outputs
-    NaN or infinite. rows_checked=True skips these value checks (operations
-    on every step) for a causal or cached layer's own call, with a mask it
-    built from positions: such a layer given a NaN or an infinity in x
-    returns NaN or infinite outputs without an error (chapter 10 counts a
-    step's operations)."""
+    NaN or infinite; and so is a product Q K^T that overflows its dtype
+    before the division by sqrt(d_k) (float16 stops at 65504: entries 300
+    with d_k = 8 give 720,000, entries 100 give 80,000). rows_checked=True
+    skips these value checks (operations on every step) for a causal or
+    cached layer's own call, with a mask it built from positions: such a
+    layer given a NaN or an infinity in x, or scores that overflow, returns
+    NaN or infinite outputs without an error (chapter 10 counts a step's
+    operations)."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
     if not rows_checked:
         check_finite(Q=Q, K=K, V=V)  # ValueError naming NaN or infinity
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
+    if not rows_checked:
+        check_scores_finite(scores, mask)  # ValueError: a score overflowed
     if mask is not None:
         if not rows_checked:
             check_rows(mask)  # ValueError naming a query that sees no key
@@ -76,7 +87,9 @@ def check_qkv(Q, K, V, mask=None):
     mask is None or a boolean tensor that broadcasts to the scores
     (..., T_q, T_k), and Q, K and V hold values (not on meta). Shapes
     only, never values: no tensor operation is added to a step."""
-    check_qkv_tensors(Q, K, V)
+    check_qkv_tensors(Q, K, V)  # sparse Q, K or V: a named ValueError
+    for name, t in (("Q", Q), ("K", K), ("V", V), ("mask", mask)):
+        check_dense(name, t)  # nested ones, or a sparse or nested mask
     batch = check_qkv_shapes(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
         check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
@@ -463,7 +476,7 @@ def check_call(layer, x, mask, cache):
     """Raise ValueError unless a SelfAttention layer can take x (B, T, d)
     of its size, dtype and device, with mask None or a boolean (..., T, T)
     that broadcasts to the scores, or cache a Cache (and then no mask)."""
-    check_input(x, layer.in_proj.weight)
+    check_vectors("x", x, layer.in_proj.weight, type(layer).__name__)
     if cache is not None:
         if not isinstance(cache, Cache):
             raise ValueError(
@@ -474,20 +487,53 @@ def check_call(layer, x, mask, cache):
             raise ValueError("a cached call takes no mask")
     elif mask is not None:
         B, T, _ = x.shape
+        check_dense("mask", mask)
         check_mask(mask, (B, layer.H, T, T), x.device)
 
 
-def check_input(x, weight):
-    """Raise ValueError unless x is (B, T, d) in the dtype and on the device
-    of the weight (..., d) it meets first."""
+def check_vectors(name, x, weight=None, layer="the layer"):
+    """Raise ValueError unless x is a dense float (B, T, d) tensor; given
+    the weight (..., d) it meets first, of that size d, dtype and device.
+    `layer` names the layer in the errors. Attributes only, no tensor
+    operation: every layer and block checks its x with this one function."""
+    check_dense(name, x)  # sparse and nested tensors have no usable shape
+    is_tensor = isinstance(x, torch.Tensor)
+    if weight is None:
+        if not is_tensor or not x.is_floating_point() or x.dim() != 3:
+            raise ValueError(
+                f"{name} must be a float tensor (B, T, d), got {shape_of(x)}"
+            )
+        return
     d = weight.shape[-1]
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d:
-        raise ValueError(f"x must have shape (B, T, {d}), got {shape_of(x)}")
-    if x.dtype != weight.dtype or x.device != weight.device:
+    if not is_tensor or x.dim() != 3:
         raise ValueError(
-            f"x is {x.dtype} on {x.device}, the layer {weight.dtype} on "
-            f"{weight.device}: convert one (x.double(), model.double())"
+            f"{name} must have shape (B, T, {d}), the input {layer} takes, "
+            f"got {shape_of(x)}"
         )
+    if x.shape[-1] != d:
+        raise ValueError(
+            f"{name} has {x.shape[-1]} features: {name} must have shape "
+            f"(B, T, {d}), the input {layer} takes, got {shape_of(x)}"
+        )
+    if x.dtype != weight.dtype:
+        raise ValueError(
+            f"mixed dtypes: {name} is {x.dtype}, the layer {weight.dtype}: "
+            f"convert one to the other ({name}.double(), model.double())"
+        )
+    if x.device != weight.device:
+        raise ValueError(
+            f"{name} is on {x.device}, the layer's weights on {weight.device}"
+        )
+
+
+def check_dense(name, t):
+    """Raise ValueError if t is a sparse or nested tensor (torch operations
+    on it fail or are missing): an attribute check, no tensor operation."""
+    if isinstance(t, torch.Tensor) and (
+        t.is_nested or t.layout != torch.strided
+    ):
+        got = "a nested tensor" if t.is_nested else t.layout
+        raise ValueError(f"{name} must be a dense (strided) tensor, got {got}")
 
 
 def frequencies(d, dtype=torch.float64):
@@ -499,6 +545,7 @@ def frequencies(d, dtype=torch.float64):
 def sinusoidal_encoding(T, d, dtype=torch.float64):
     """The (T, d) table of equation pos-sinusoid, one row per position."""
     check_count("T", T, 0)
+    check_pairs(d, dtype)  # before arange: float8 has none
     angles = torch.arange(T, dtype=dtype)[:, None] * frequencies(d, dtype)
     pe = torch.empty(T, d, dtype=dtype)
     pe[:, 0::2], pe[:, 1::2] = angles.sin(), angles.cos()  # (T, d)
@@ -507,11 +554,20 @@ def sinusoidal_encoding(T, d, dtype=torch.float64):
 
 def check_pairs(d, dtype):
     """Raise ValueError unless d is an even integer >= 2 (d / 2 pairs) and
-    dtype a floating-point dtype."""
+    dtype one attention takes (check_dtype)."""
     if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2 != 0:
         raise ValueError(f"need an even size d >= 2 (pairs), got d={d!r}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    check_dtype(dtype)
+
+
+def check_dtype(dtype, name="dtype"):
+    """Raise ValueError unless dtype is float16, bfloat16, float32 or
+    float64 (attention.FLOAT_DTYPES): float8 has no arange, sin or neg."""
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{name} must be a float type, a floating-point dtype attention "
+            f"takes (float16, bfloat16, float32 or float64), got {dtype!r}"
+        )
 
 
 def rotary(x, positions=None):
@@ -533,12 +589,15 @@ def check_rotary(x, positions):
         raise ValueError(
             f"x must be a floating-point tensor, got {shape_of(x)}"
         )
+    check_dense("x", x)
+    check_dtype(x.dtype, "x's dtype")
     if x.dim() < 2 or x.shape[-1] % 2 != 0:
         raise ValueError(
             f"rotary positions rotate pairs: the last axis (head size) must "
             f"be even, got shape {tuple(x.shape)}"
         )
     T = x.shape[-2]
+    check_dense("positions", positions)  # a sparse or nested tensor: no sizes
     if positions is not None and (
         not isinstance(positions, torch.Tensor)
         or tuple(positions.shape) != (T,)
@@ -593,7 +652,7 @@ class EncoderBlock(nn.Module):
     def forward(
         self, x, mask=None, padding_mask=None, return_weights=False, cache=None
     ):
-        check_input(x, self.norm1.weight)  # (B, T, d), the block's dtype
+        check_vectors("x", x, self.norm1.weight, type(self).__name__)
         allowed = combine_masks(x, mask, padding_mask)  # (B, 1, T, T) or None
         attended, weights = self.self_attn(self.norm1(x), allowed, cache)
         y = x + attended  # residual around the attention
@@ -610,6 +669,8 @@ class DecoderBlock(EncoderBlock):
 
 def combine_masks(x, mask, padding_mask):
     """Check x (B, T, d) and the masks; one boolean (B, 1, T, T) mask or None."""
+    for name, t in (("x", x), ("mask", mask), ("padding_mask", padding_mask)):
+        check_dense(name, t)
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x must have shape (B, T, d), got {shape_of(x)}")
     B, T, _ = x.shape

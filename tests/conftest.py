@@ -71,6 +71,17 @@ DURATIONS = Path(__file__).with_name("durations.json")
 NEW_NOTEBOOK, NEW_TEST_FILE = 60.0, 5.0
 
 
+def toc_docs():
+    """The documents _toc.yml lists, in order (paths without a suffix)."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    docs = [toc["root"]]
+    for part in toc.get("parts", []):
+        docs += [chapter["file"] for chapter in part.get("chapters", [])]
+    return docs
+
+
 def scope_key(nodeid):
     """A notebook by its name (run from book/ or from its unpacked zip), a
     test file by its path."""

@@ -22,8 +22,7 @@ import re
 import sys
 
 import nbformat
-import yaml
-from conftest import BOOK, ROOT
+from conftest import BOOK, ROOT, toc_docs
 
 sys.path.insert(0, str(ROOT / "tools" / "build"))
 sys.path.insert(0, str(BOOK))
@@ -53,12 +52,10 @@ def stored_explorers(notebook):
 
 
 def chapter_notebooks():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    docs = [toc["root"]]
-    for part in toc.get("parts", []):
-        docs += [chapter["file"] for chapter in part.get("chapters", [])]
     return [
-        ROOT / f"{d}.ipynb" for d in docs if (ROOT / f"{d}.ipynb").is_file()
+        ROOT / f"{d}.ipynb"
+        for d in toc_docs()
+        if (ROOT / f"{d}.ipynb").is_file()
     ]
 
 

@@ -131,8 +131,9 @@ def drive_explorers(page, report, explorers, load=False):
     try:
         if load:
             site_browser.finish_loading(page)
-        # a tab behind the other gets few animation frames: driving took
-        # 10-12 s a page without this, 1.6-4.6 s with it (one run each)
+        # the driven tab in front: in one run each (2026-12-07, a helper on
+        # the machine), a tab left behind took 10.5-12.7 s on five of the
+        # nine explorer pages, 2.5-3.7 s on the others; in front, 1.6-4.6 s
         page.bring_to_front()
         explorer_checks.check_explorers_on_page(page, report, explorers)
     except Exception as error:  # reported by that explorer's test

@@ -6,6 +6,8 @@ a query may need and for the model's logits; crop refuses what it cannot
 do; `nbytes()` and `capacity` count what the tensors hold; positions per
 batch row give each row its own mask."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import BOOK
@@ -806,6 +808,27 @@ def test_attend_refuses_float8_and_sparse(make, named):
         transformer.attend(Q, K, V)
 
 
+def test_attend_refuses_float16_scores_that_overflow():
+    """Finite float16 Q and K whose scores overflow (300 * 300 * 8 = 720,000
+    > 65,504) gave NaN outputs without an error (issue 47, s6 item 1); a
+    masked-out overflow is no error. A layer's own call skips the check."""
+    Q = torch.full((1, 2, 8), 300.0, dtype=torch.float16)
+    V = torch.ones(1, 2, 8, dtype=torch.float16)
+    with pytest.raises(
+        ValueError, match=r"^a score .* overflowed torch\.float16"
+    ):
+        transformer.attend(Q, Q, V)
+    small = Q.clone()
+    small[0, 0] = 1.0  # only query 1's score of key 1 overflows
+    with pytest.raises(ValueError, match=r"overflowed torch\.float16"):
+        transformer.attend(small, small, V)
+    hide = torch.tensor([[True, True], [True, False]])  # hides that score
+    out, _ = transformer.attend(small, small, V, hide)
+    assert out.isfinite().all()
+    out, _ = transformer.attend(Q, Q, V, rows_checked=True)
+    assert not out.isfinite().all()  # a layer's call: no check, NaN
+
+
 @pytest.mark.parametrize("name", ["Q", "K", "V"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_attend_refuses_non_finite_q_k_v(name, bad):
@@ -844,3 +867,99 @@ def test_rotary_refuses_positions_on_another_device():
         transformer.rotary(ones(2, 3, 4), positions)
     x = torch.ones(2, 3, 4, device="meta")  # default positions: x's device
     assert transformer.rotary(x).shape == (2, 3, 4)
+
+
+# --- issue 47, s6: sparse or nested masks and x, float8 dtypes -------------
+
+
+def nested(t):
+    """t's rows as a nested tensor (torch warns: a prototype API)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(list(t))
+
+
+NOT_DENSE = [
+    (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+    (lambda t: t.to_sparse_csr(), r"torch\.sparse_csr"),
+    (nested, "a nested tensor"),
+]
+
+
+@pytest.mark.parametrize("make, named", NOT_DENSE)
+def test_masks_and_x_must_be_dense(make, named):
+    """A sparse or nested mask, padding mask or x passed the checks and then
+    raised NotImplementedError or RuntimeError ('NestedTensorImpl doesn't
+    support sizes') (issue 47, s6 item 2)."""
+    x, Q = ones(2, 3, 8), ones(2, 3, 4)
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    padding = torch.ones(2, 3, dtype=torch.bool)
+    positions = torch.arange(3)[None]  # (1, T): CSR and nested need rows
+    calls = [
+        ("mask", lambda: transformer.attend(Q, Q, Q, make(mask))),
+        ("mask", lambda: transformer.combine_masks(x, make(mask), None)),
+        (
+            "padding_mask",
+            lambda: transformer.combine_masks(x, None, make(padding)),
+        ),
+        ("mask", lambda: transformer.SelfAttention(8, 2)(x, make(mask))),
+        ("x", lambda: transformer.SelfAttention(8, 2, causal=True)(make(x))),
+        ("x", lambda: transformer.EncoderBlock(8, 2, 16)(make(x))),
+        ("x", lambda: transformer.rotary(make(Q))),
+        ("positions", lambda: transformer.rotary(Q, make(positions))),
+    ]
+    for name, call in calls:
+        with pytest.raises(
+            ValueError,
+            match=rf"^{name} must be a dense \(strided\) tensor, got {named}$",
+        ):
+            call()
+
+
+def test_one_dimensional_sparse_positions_are_refused():
+    """A 1-D sparse COO positions tensor raised NotImplementedError
+    (aten::cos on SparseCPU) from rotary."""
+    with pytest.raises(ValueError, match=r"^positions must be a dense"):
+        transformer.rotary(ones(2, 3, 4), torch.arange(3).to_sparse())
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_position_functions_refuse_float8(dtype):
+    """frequencies, sinusoidal_encoding and rotary took a float8 dtype and
+    raised NotImplementedError ('arange_cpu' not implemented) (issue 47, s6
+    item 3)."""
+    named = r"float16, bfloat16, float32 or float64\), got torch\.float8"
+    with pytest.raises(ValueError, match=rf"^dtype must be .*{named}"):
+        transformer.frequencies(8, dtype)
+    with pytest.raises(ValueError, match=rf"^dtype must be .*{named}"):
+        transformer.sinusoidal_encoding(3, 8, dtype)
+    with pytest.raises(ValueError, match=rf"^x's dtype must be .*{named}"):
+        transformer.rotary(ones(3, 8).to(dtype))
+
+
+def test_one_input_check_for_every_layer():
+    """transformer.check_input, seq2seq.check_vectors and variants.check_x
+    repeated one check (issue 47, s6 item 4): one function now, and a
+    variant's layer refuses x on another device by name like the others
+    (it raised a RuntimeError from its first product)."""
+    import seq2seq
+    import variants
+
+    assert seq2seq.check_vectors is transformer.check_vectors
+    assert variants.check_vectors is transformer.check_vectors
+    assert not hasattr(variants, "check_x") and not hasattr(
+        transformer, "check_input"
+    )
+    x = torch.ones(2, 3, 8, device="meta")
+    layers = [
+        transformer.SelfAttention(8, 2),
+        transformer.EncoderBlock(8, 2, 16),
+        seq2seq.AlibiSelfAttention(8, 2),
+        variants.LinearAttention(8, 2),
+        variants.MultiHeadLatentAttention(8, 2, 4, 2),
+    ]
+    for layer in layers:
+        with pytest.raises(
+            ValueError, match=r"^x is on meta, the layer's weights on cpu$"
+        ):
+            layer(x)

@@ -18,7 +18,7 @@ import sys
 import nbformat
 import pytest
 import yaml
-from conftest import ROOT, require_system_tool
+from conftest import ROOT, require_system_tool, toc_docs
 
 sys.path.insert(0, str(ROOT / "tools" / "build"))
 import build_pdf
@@ -26,10 +26,7 @@ import site_browser
 
 
 def toc_documents():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    docs = [toc["root"]]
-    for part in toc.get("parts", []):
-        docs += [chapter["file"] for chapter in part.get("chapters", [])]
+    docs = toc_docs()
     return [
         next(ROOT.glob(f"{d}.*")) for d in docs if any(ROOT.glob(f"{d}.*"))
     ]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import recall
+from gpt import Decoder
 from recall import (
     KEYS,
     RECALL,
@@ -440,6 +441,8 @@ def test_previous_token_refuses_caches_that_hold_tokens():
             model(tokens[:, :3], caches=caches)
             with pytest.raises(ValueError, match="whole sequences"):
                 model(tokens[:, 3:4], caches=caches)
+        with pytest.raises(ValueError, match="predecessor"):
+            Decoder(model, 16)  # chapter 11's: it reads embed.weight alone
         plain = build_recall(name, 16, seed=0, shift=False).eval()
         with torch.no_grad():  # the plain embedding still decodes with caches
             caches = plain.new_caches()

@@ -17,6 +17,7 @@ independent references:
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -158,7 +159,7 @@ def test_alibi_self_attention_bad_input():
     x = random(2, 5, 16)
     raises("mixed dtypes: x", attention, x.float())
     raises("x has 8 features", attention, x[..., :8])
-    raises("float tensor", attention, x[0])
+    raises(r"x must have shape \(B, T, 16\)", attention, x[0])
     raises("cache must be", attention, x, None, "cache")
     raises("mask must be", attention, x, torch.ones(5, 5))  # float
     raises("mask must be", attention, x, torch.ones(4, 4).bool())
@@ -227,7 +228,9 @@ def test_decoder_block_bad_input():
     raises("memory must be a float tensor", block, x, memory[0])
     K, V = block.cross_attn.keys_values(memory)
     raises("empty source", block, x, (K[:, :, :0], V[:, :, :0]))
-    raises("cache must be", block, x, memory, None, None, "cache")
+    raises(
+        "cache must be a Cache or None", block, x, memory, None, None, "cache"
+    )
     raises("memory_mask must be a boolean", block, x, memory, torch.ones(2, 5))
     raises("target mask", block, x, memory, None, torch.ones(3, 3))
     with torch.no_grad():
@@ -1168,6 +1171,50 @@ def test_attend_biased_refuses_meta_float8_and_sparse():
     raises(r"^Q is .*sparse_coo.*strided", attend_biased, Q, K, V)
 
 
+def test_attend_biased_refuses_float16_scores_that_overflow():
+    """Finite float16 Q and K whose scores overflow float16 (300 * 300 * 8 =
+    720,000 > 65,504) gave NaN outputs without an error (issue 47, s6
+    item 1), with a bias or without."""
+    Q = torch.full((1, 2, 8), 300.0, dtype=torch.float16)
+    V = torch.ones(1, 2, 8, dtype=torch.float16)
+    bias = torch.zeros(2, 2, dtype=torch.float16)
+    overflow = r"^a score .* overflowed torch\.float16"
+    raises(overflow, attend_biased, Q, Q, V, None, bias)
+    raises(overflow, attend_biased, Q, Q, V)
+    small = Q / 100  # scores 72 / sqrt(8): they fit
+    out, _ = attend_biased(small, small, V, None, bias)
+    assert out.isfinite().all()
+    # scores of 20 that fit, and a bias of 65,504 that makes them overflow:
+    # the message names the bias (it named Q K^T alone)
+    one = torch.ones(1, 2, 4, dtype=torch.float16)
+    big = torch.full((2, 2), 65504.0, dtype=torch.float16)
+    raises(
+        r"^a score Q K\^T / sqrt\(d_k\) \+ bias overflowed torch\.float16",
+        attend_biased,
+        one,
+        10 * one,
+        one,
+        None,
+        big,
+    )
+    # the product alone overflows (scores 28,284 after the division would
+    # fit): the message names Q K^T, not the bias, whatever the bias
+    hundred = torch.full((1, 2, 8), 100.0, dtype=torch.float16)
+    for b in (0.0, -60000.0):
+        raises(
+            r"^a score Q K\^T / sqrt\(d_k\) or its product Q K\^T overflowed",
+            attend_biased,
+            hundred,
+            hundred,
+            V,
+            None,
+            torch.full_like(bias, b),
+        )
+    # a 1-D sparse position tensor (RuntimeError: add(sparse, dense))
+    pos = torch.arange(3)
+    raises(r"^pos_q must be a dense", alibi_bias, 2, pos.to_sparse(), pos)
+
+
 @pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_attend_biased_refuses_non_finite_inputs(name, bad):
@@ -1213,3 +1260,55 @@ def test_layers_refuse_inputs_on_another_device_than_their_weights():
     raises("^memory_mask is on meta, x on cpu$", block, x, x, memory_mask)
     alibi = seq2seq.AlibiSelfAttention(8, 2)
     raises("^x is on meta, the layer's weights on cpu", alibi, meta)
+
+
+# --- issue 47, s6: sparse or nested masks, biases and x; float8 dtypes ------
+
+
+def nested(t):
+    """t's rows as a nested tensor (torch warns: a prototype API)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(list(t))
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+        (lambda t: t.to_sparse_csr(), r"torch\.sparse_csr"),
+        (nested, "a nested tensor"),
+    ],
+)
+def test_masks_biases_and_x_must_be_dense(make, named):
+    """A sparse or nested mask, bias or x passed the checks and then raised
+    NotImplementedError or RuntimeError (issue 47, s6 item 2)."""
+    Q, K, V = qkv(T_k=4)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    bias = torch.zeros(4, 4, dtype=torch.float64)
+    x = torch.ones(2, 4, 8, dtype=torch.float64)
+    alibi = seq2seq.AlibiSelfAttention(8, 2).double()
+    pos = torch.arange(4)
+    calls = [
+        ("mask", lambda: attend_biased(Q, K, V, make(mask))),
+        ("mask", lambda: attend_biased(Q, K, V, make(mask), bias)),
+        ("bias", lambda: attend_biased(Q, K, V, None, make(bias))),
+        ("x", lambda: alibi(make(x))),
+        ("mask", lambda: alibi(x, make(mask))),
+        ("pos_q", lambda: alibi_bias(2, make(pos[None]), pos)),  # (1, T)
+        ("pos_k", lambda: alibi_bias(2, pos, make(pos[None]))),
+    ]
+    for name, call in calls:
+        raises(
+            rf"^{name} must be a dense \(strided\) tensor, got {named}$", call
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_alibi_refuses_float8(dtype):
+    """alibi_bias took a float8 dtype and raised NotImplementedError
+    ('neg_cpu'); alibi_slopes returned float8 slopes (issue 47, s6 item 3)."""
+    named = r"float16, bfloat16, float32 or float64\), got torch\.float8"
+    pos = torch.arange(3)
+    raises(rf"^dtype must be .*{named}", alibi_bias, 2, pos, pos, dtype)
+    raises(rf"^dtype must be .*{named}", alibi_slopes, 2, dtype)
