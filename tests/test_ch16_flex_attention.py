@@ -6,7 +6,9 @@
 - `bucket` (exercise 1) against T5's bucket written with Python's math on
   integers, for several numbers of buckets;
 - `bucket_bias` run by FlexAttention against the bias matrix written out
-  with that reference, on shapes the chapter never prints.
+  with that reference, on shapes the chapter never prints;
+- `side` (where an interval lies against a value) against
+  tools/measure.py's `verdict`.
 """
 
 import math
@@ -89,3 +91,21 @@ def test_bucket_bias_is_the_explicit_bias(ch16, H, T):
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
     ours = flex.attend(Q, K, V, flex.causal, ch16.bucket_bias(table))
     torch.testing.assert_close(ours, weights @ V, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "lo, hi, value",
+    [(1.09, 1.67, 1.0), (1.09, 1.67, 1.5), (1.09, 1.67, 2.0), (0.75, 0.88, 1.0),
+     (0.93, 1.15, 1.0), (5.03, 7.13, 2.0), (0.56, 0.63, 0.95), (1.0, 1.2, 1.0),
+     (0.8, 1.0, 1.0)],
+)  # fmt: skip
+def test_side_equals_the_measuring_module(ch16, lo, hi, value):
+    """The chapter's `side`, which states a speed-up or a target as met or
+    missed, against tools/measure.py's `verdict` (the book's one rule): an
+    interval that touches the value cannot tell."""
+    import measure
+
+    expected = measure.verdict(lo, hi, value)
+    assert ch16.side(lo, hi, value) == expected.replace(
+        "cannot be told apart", "cannot tell"
+    )

@@ -1,6 +1,6 @@
 """Chapter 16's compiled kernels (`make bench PART=ch16`, issue 49).
 
-Four parts (--parts), in float32 on one sequence, H = 8 heads, d_k = 64,
+Five parts (--parts), in float32 on one sequence, H = 8 heads, d_k = 64,
 T = 4096 (sizes in Config; --quick: QUICK's tiny sizes, written under
 /tmp so that the stored tables stay):
 - kernels: compiled FlexAttention (`torch.compile(flex_attention)`,
@@ -23,6 +23,10 @@ T = 4096 (sizes in Config; --quick: QUICK's tiny sizes, written under
 - code: the C++ that inductor generates for compiled causal FlexAttention
   at the measured shape -> book/data/flex_kernel.txt (the chapter shows an
   excerpt: its fused exponential and row sum).
+- breaks: where dynamo cuts chapter 8's fast tiled forward into separate
+  graphs (`torch._dynamo.explain`, no compiling), no mask and causal:
+  the graphs, the graph breaks and each break's reason, counted ->
+  book/data/flex_graph_breaks.csv.
 - profile: `profile_calls` calls of compiled causal FlexAttention and of
   SDPA under torch.profiler, one thread: the self CPU time per call of
   each operation -> book/data/bench_flex_profile.csv.
@@ -74,7 +78,7 @@ import flash  # book/flash.py
 import flex  # book/flex.py
 import gpt  # book/gpt.py
 
-PARTS = ("kernels", "code", "profile", "decode")
+PARTS = ("kernels", "code", "breaks", "profile", "decode")
 PROMPT = 16
 
 
@@ -283,6 +287,31 @@ def kernel_code(cfg):
     print(f"wrote {path} ({len(kernels[0])} characters)")
 
 
+def graph_breaks(cfg):
+    """Rows (mask, graphs, breaks, reason, count): `torch._dynamo.explain`
+    of chapter 8's fast tiled forward at the measured shape, one thread."""
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    Q, K, V = inputs(cfg)
+    rows = []
+    for causal in (False, True):
+        explained = torch._dynamo.explain(flash.fast_attention)(
+            Q, K, V, causal
+        )
+        reasons = {}
+        for reason in explained.break_reasons:
+            first = reason.reason.splitlines()[0]
+            reasons[first] = reasons.get(first, 0) + 1
+        for reason, count in reasons.items():
+            rows.append({
+                "mask": "causal" if causal else "no mask", "T": cfg.T,
+                "graphs": explained.graph_count,
+                "graph_breaks": explained.graph_break_count,
+                "reason": reason, "count": count,
+            })  # fmt: skip
+    return rows
+
+
 def profile_rows(program, call, calls):
     """Self CPU ms per call of each operation of `calls` calls of `call`."""
     from torch.profiler import ProfilerActivity
@@ -429,6 +458,10 @@ def main(argv=None):
         rows += kernel_rows(cfg, measure.machine)
     if "code" in args.parts:
         kernel_code(cfg)
+    if "breaks" in args.parts:
+        measure_csv.write_csv(
+            graph_breaks(cfg), cfg.out / "flex_graph_breaks.csv"
+        )
     if "profile" in args.parts:
         profiles += kernel_profile(cfg)
     if "decode" in args.parts:
