@@ -82,14 +82,19 @@ def check_qkv_tensors(Q, K, V):
     """Raise a ValueError naming the input unless Q, K and V are
     floating-point torch tensors of one dtype on one device (their axes:
     check_qkv_shapes): float16, bfloat16, float32 or float64, strided (not
-    float8, not sparse). Types only, never values: no tensor operation."""
+    float8, sparse or nested). Types only, never values: no tensor operation."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point torch tensor")
-        if t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
+        if (
+            t.dtype not in FLOAT_DTYPES
+            or t.layout != torch.strided
+            or t.is_nested
+        ):
+            kind = "nested" if t.is_nested else t.layout
             raise ValueError(
-                f"{name} is {t.dtype} ({t.layout}): attention takes float16, "
-                f"bfloat16, float32 or float64 in the strided layout"
+                f"{name} is {t.dtype} ({kind}): attention takes float16, "
+                f"bfloat16, float32 or float64 in the strided layout, not nested"
             )
         if t.dtype != Q.dtype or t.device != Q.device:
             raise ValueError(
@@ -158,13 +163,16 @@ def check_d_k(d_k):
 
 
 def check_mask(mask, scores_shape, device):
-    """Raise ValueError unless mask is a boolean tensor on Q's device that
-    broadcasts to scores_shape (no larger)."""
+    """Raise ValueError unless mask is a dense (strided, not nested) boolean
+    tensor on Q's device that broadcasts to scores_shape (no larger)."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = getattr(mask, "dtype", type(mask).__name__)
         raise ValueError(
             f"mask must be a boolean tensor (True = attend), got {got}"
         )
+    if mask.is_nested or mask.layout != torch.strided:
+        got = "a nested tensor" if mask.is_nested else mask.layout
+        raise ValueError(f"mask must be a dense (strided) tensor, got {got}")
     if mask.device != device:
         raise ValueError(f"mask is on {mask.device}, Q on {device}")
     try:

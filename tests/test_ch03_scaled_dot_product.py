@@ -485,6 +485,34 @@ def test_float8_and_sparse_tensors_raise(make, named):
         sdpa(Q, K, V)
 
 
+def test_nested_tensors_raise():
+    """A nested tensor reports the strided layout, passed the check and
+    raised NotImplementedError in the product; now a named ValueError."""
+    Q = torch.nested.nested_tensor([torch.ones(3, 4), torch.ones(3, 4)])
+    K = V = torch.ones(2, 3, 4)
+    with pytest.raises(ValueError, match=r"^Q is torch\.float32 \(nested\)"):
+        sdpa(Q, K, V)
+    with pytest.raises(ValueError, match=r"^K is torch\.float32 \(nested\)"):
+        sdpa(K, Q, V)
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda m: m.to_sparse(), r"torch\.sparse_coo"),
+        (lambda m: m[0].to_sparse_csr(), r"torch\.sparse_csr"),
+        (lambda m: torch.nested.nested_tensor(list(m)), "a nested tensor"),
+    ],
+)
+def test_sparse_and_nested_masks_raise(make, named):
+    """A sparse or nested boolean mask passed check_mask and raised
+    NotImplementedError in masked_fill (issue 47); now a named ValueError."""
+    Q, K, V = (torch.ones(2, 3, 4) for _ in range(3))
+    mask = make(torch.ones(2, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=rf"^mask must be a dense .*{named}"):
+        sdpa(Q, K, V, mask)
+
+
 def test_the_collapsed_cell_prints_every_check_and_the_prose_counts_them():
     """The cell printed six checks and the prose said 'all six' while
     scaled_dot_product_attention also calls check_scores_finite (fresh
