@@ -215,6 +215,8 @@ def kernel_programs(cfg, Q, K, V):
                 )
                 continue
             gap = (out - expected).abs().max().item()
+            if not gap < 1e-4:
+                raise AssertionError(f"fast tiled compiled, {name}: {gap}")
             programs[f"fast tiled compiled, {name}"] = {
                 "call": call, "mask": name, "compile_s": wall,
                 "compile_cpu_s": cpu, "max_abs_diff": gap,
