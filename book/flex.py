@@ -225,7 +225,13 @@ def attend(Q, K, V, mask_mod=None, score_mod=None, block=BLOCK):
     if mask_mod is not None:
         B, _, T_q, _ = Q.shape
         mask = block_mask(mask_mod, T_q, K.shape[-2], B, block)
-    return eager(Q, K, V, score_mod, mask)
+    try:
+        return eager(Q, K, V, score_mod, mask)
+    except IndexError as error:  # e.g. alibi(H) with more heads than H
+        raise ValueError(
+            f"score_mod indexes a tensor it captured out of range for Q "
+            f"{tuple(Q.shape)}: {error}"
+        ) from error
 
 
 def eager(Q, K, V, score_mod, mask):
@@ -263,6 +269,10 @@ def public(Q, K, V, score_mod, mask):
 
 def dense_mask(mask_mod, T_q, T_k, B=1):
     """mask_mod evaluated at every (b, q_idx, kv_idx): (B, 1, T_q, T_k)."""
+    if not callable(mask_mod):
+        raise ValueError(f"mask_mod must be a function, got {mask_mod!r}")
+    for name, n in (("T_q", T_q), ("T_k", T_k), ("B", B)):
+        check_integer(name, n, low=1)
     b = torch.arange(B)[:, None, None, None]
     q = torch.arange(T_q)[None, None, :, None]
     kv = torch.arange(T_k)[None, None, None, :]
@@ -286,6 +296,10 @@ def band_blocks(T_q, T_k, first, last, block=BLOCK):
     full: FlexAttention pads it with scores that are masked."""
     for name, n in (("T_q", T_q), ("T_k", T_k), ("the block", block)):
         check_integer(name, n, low=1)
+    if not callable(first) or not callable(last):
+        raise ValueError(
+            f"first and last must be functions of i: {first!r}, {last!r}"
+        )
     computed = full = 0
     for i0 in range(0, T_q, block):
         i1 = min(i0 + block, T_q)
@@ -337,6 +351,8 @@ def tile_kinds(mask):
 
 def grid(T_q, T_k, block=BLOCK):
     """The blocks of a T_q x T_k score matrix: ceil(T_q/B) ceil(T_k/B)."""
+    for name, n in (("T_q", T_q), ("T_k", T_k), ("the block", block)):
+        check_integer(name, n, low=1)
     return math.ceil(T_q / block) * math.ceil(T_k / block)
 
 
@@ -463,8 +479,8 @@ def check_lengths(lengths, low=0):
 def check_qkv(Q, K, V):
     """Raise ValueError unless Q (B, H, T_q, d_k), K (B, H, T_k, d_k) and
     V (B, H, T_k, d_v) are floating-point tensors of one dtype with a key
-    for every query, none requiring a gradient (FlexAttention has no
-    backward pass on a CPU: it raises NotImplementedError)."""
+    for every query, all finite, none requiring a gradient (FlexAttention
+    has no backward pass on a CPU: it raises NotImplementedError)."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(
@@ -496,3 +512,6 @@ def check_qkv(Q, K, V):
             f"{Q.shape[-2]} queries, {K.shape[-2]} keys and {V.shape[-2]} "
             f"values: at least one query and one key, one value per key"
         )
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} holds NaN or an infinity")

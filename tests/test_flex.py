@@ -440,6 +440,13 @@ def test_one_token_prompt(decoder):
         (lambda: flex.block_mask(flex.padding([3, 4]), 4, 4), "B = None"),
         (lambda: flex.block_mask(flex.documents([2, 1]), 4, 4), "3 tokens"),
         (lambda: flex.block_mask(flex.documents([4]), 4, 5), "T_k = 5"),
+        (lambda: flex.grid(10, 10, 0), "block"),
+        (lambda: flex.grid(-10, 10), "T_q"),
+        (lambda: flex.grid(10, 2.5), "T_k"),
+        (lambda: flex.dense_mask(flex.causal, -1, 5), "T_q"),
+        (lambda: flex.dense_mask(flex.causal, 4, 4, B=0), "B"),
+        (lambda: flex.dense_mask(None, 4, 4), "mask_mod"),
+        (lambda: flex.band_blocks(4, 4, None, None), "first and last"),
     ],
 )
 def test_bad_arguments_are_named(make, match):
@@ -472,6 +479,21 @@ def test_bad_tensors_are_named():
         flex.attend(Q, K, V[..., :2, :])
     with pytest.raises(ValueError, match="score_mod"):
         flex.attend(Q, K, V, score_mod="alibi")
+    for name, bad in (("Q", Q), ("K", K), ("V", V)):
+        for value in (math.nan, math.inf, -math.inf):
+            broken = bad.clone()
+            broken[0, 0, 1, 2] = value
+            args = [broken if t is bad else t for t in (Q, K, V)]
+            with pytest.raises(ValueError, match=f"^{name} holds NaN"):
+                flex.attend(*args)
+
+
+def test_a_score_mod_for_fewer_heads_is_named():
+    """alibi(2) reads its slopes by head: with 4 heads FlexAttention raised
+    IndexError; attend names the score_mod (fresh review, round 4)."""
+    Q, K, V = qkv(B=1, H=4, T=8)
+    with pytest.raises(ValueError, match="score_mod indexes a tensor"):
+        flex.attend(Q, K, V, flex.causal, flex.alibi(2))
 
 
 def test_attend_names_masks_that_do_not_fit():

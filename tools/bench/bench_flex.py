@@ -23,9 +23,9 @@ T = 4096 (sizes in Config; --quick: QUICK's tiny sizes, written under
 - code: the C++ that inductor generates for compiled causal FlexAttention
   at the measured shape -> book/data/flex_kernel.txt (the chapter shows an
   excerpt: its fused exponential and row sum).
-- breaks: where dynamo cuts chapter 8's fast tiled forward into separate
-  graphs (`torch._dynamo.explain`, no compiling), no mask and causal:
-  the graphs, the graph breaks and each break's reason, counted ->
+- breaks: the graphs dynamo cuts chapter 8's fast tiled forward into,
+  compiled as timed (dynamic=False) with a counting back end (no
+  inductor), no mask and causal, and the reasons for the breaks ->
   book/data/flex_graph_breaks.csv.
 - profile: `profile_calls` calls of compiled causal FlexAttention and of
   SDPA under torch.profiler, one thread: the self CPU time per call of
@@ -51,6 +51,7 @@ Usage: python tools/bench/bench_flex.py [--parts kernels code profile decode]
 """
 
 import argparse
+import math
 import shutil
 import sys
 import time
@@ -290,27 +291,39 @@ def kernel_code(cfg):
 
 
 def graph_breaks(cfg):
-    """Rows (mask, graphs, breaks, reason, count): `torch._dynamo.explain`
-    of chapter 8's fast tiled forward at the measured shape, one thread."""
+    """Rows (mask, T, rows of tiles, graphs, break reasons): the graphs
+    dynamo hands to the compiler for chapter 8's fast tiled forward at the
+    measured shape, one thread, compiled as the timed program was
+    (`torch.compile(..., dynamic=False)`) with a back end that only counts
+    them (no inductor); the reasons from dynamo's graph-break counters."""
+    from torch._dynamo.utils import counters
+
     torch.set_num_threads(1)
-    torch._dynamo.reset()
     Q, K, V = inputs(cfg)
     rows = []
     for causal in (False, True):
-        explained = torch._dynamo.explain(flash.fast_attention)(
-            Q, K, V, causal
+        torch._dynamo.reset()
+        counters.clear()
+        graphs = []
+
+        def count(graph, example_inputs, graphs=graphs):
+            graphs.append(graph)
+            return graph.forward
+
+        compiled = torch.compile(
+            flash.fast_attention, backend=count, dynamic=False
         )
-        reasons = {}
-        for reason in explained.break_reasons:
-            first = reason.reason.splitlines()[0]
-            reasons[first] = reasons.get(first, 0) + 1
-        for reason, count in reasons.items():
-            rows.append({
-                "mask": "causal" if causal else "no mask", "T": cfg.T,
-                "graphs": explained.graph_count,
-                "graph_breaks": explained.graph_break_count,
-                "reason": reason, "count": count,
-            })  # fmt: skip
+        compiled(Q, K, V, causal)
+        mask = "causal" if causal else "no mask"
+        rows.append({
+            "mask": mask, "T": cfg.T,
+            "rows_of_tiles": math.ceil(cfg.T / flash.FAST_TILE[mask][0]),
+            "graphs": len(graphs),
+            "reasons": "; ".join(
+                sorted(r.splitlines()[0] for r in counters["graph_break"])
+            ),
+        })  # fmt: skip
+    torch._dynamo.reset()
     return rows
 
 
