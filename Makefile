@@ -55,13 +55,16 @@ help:
 	@echo "                    tiles, two threads), ch10 (training, generation), ch11 (prefill, decode,"
 	@echo "                    bandwidth, static cache, decode levers, batching, speculative decoding),"
 	@echo "                    ch12 (decoding speed of each variant), ch13 (tiled forward and backward"
-	@echo "                    against SDPA, ablation, profile, training), ch17 (ring attention: time per"
-	@echo "                    rank and split, overlap, peak memory); RUN=k appends the rows to the"
+	@echo "                    against SDPA, ablation, profile, training), ch16 (compiled FlexAttention,"
+	@echo "                    a compiled tiled forward, a compiled decoding step), ch17 (ring attention:"
+	@echo "                    time per rank and split, overlap, peak memory); RUN=k appends the rows to the"
 	@echo "                    tables with run = k (an independent repeat) instead of replacing them"
 	@echo "make train          every chapter's full training (train-gpt, train-gpt-draft, train-variants, long-context,"
-	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq): weights and logs in book/data/"
+	@echo "                    train-positions, train-sentiment, train-additive, train-seq2seq, train-circuits): weights and logs in book/data/"
 	@echo "make train-variants chapter 12's attention variants trained like chapter 10's GPT, two at a time"
 	@echo "                    (JOBS_TRAIN=N): weights in book/data/variants/, logs in book/data/"
+	@echo "make train-circuits chapter 15's induction models (1 and 2 layers, 3 seeds) and MQAR across chapter 12's"
+	@echo "                    variants, one thread: weights in book/data/circuits/, logs in book/data/"
 	@echo "make train-additive chapter 9's two models trained in full: weights and log in book/data/"
 	@echo "make train-seq2seq  issue 37's encoder-decoder Transformer, once per position option, on chapter 9's"
 	@echo "                    strings; every model and chapter 9's GRU on lengths 6-20 (book/data/seq2seq_lengths.csv)"
@@ -163,8 +166,8 @@ outputs: $(STAMP)
 # - ch07: chapter 7's training times (printed only; tools/bench/bench_sentiment.py);
 # - ch08: chapter 8's median time, GFLOP/s and peak extra memory of each
 #   attention program for T = 256 ... 4096, its ablation and tile sweep, and
-#   the same at 4096 on two threads (about 20 minutes on 2026-11-27, 2-core
-#   AMD EPYC, helpers on the machine: see CONTRIBUTING.md; then
+#   the same at 4096 on two threads (23.5 minutes on 2026-12-07, 2-core
+#   AMD EPYC, quiet: see CONTRIBUTING.md; then
 #   `make outputs NB=book/08_efficient_attention.ipynb`);
 # - ch10: chapter 10's training and generation times (tools/bench/bench_gpt.py);
 # - ch11: chapter 11's prefill, decode, bandwidth, per-operation,
@@ -176,12 +179,19 @@ outputs: $(STAMP)
 # - ch13: chapter 13's tiled forward and backward against SDPA, its ablation,
 #   where the time goes (a profile) and 200 steps of training through each
 #   (tools/bench/bench_flash.py);
+# - ch16: chapter 16's compiled FlexAttention (each kernel's compile time in
+#   an empty inductor cache, its generated C++, its speed against SDPA and
+#   chapter 8's tiled forward, compiled and not, on one thread and two,
+#   where dynamo breaks that forward's graph, a profile) and a compiled
+#   decoding step against chapter 11's best eager one
+#   (tools/bench/bench_flex.py; 11 min 7 s wall, 699 s user CPU, on
+#   2026-12-07 at a load of 1.0 to 1.8, measured once).
 # - ch17: chapter 17's ring attention across processes: each rank's CPU time
 #   per split, the overlap of sending and computing, and peak memory per
 #   rank for T = 4096 ... 65536 (tools/bench/bench_ring.py).
 PART ?=
 RUN ?=
-BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13 ch17
+BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13 ch16 ch17
 BENCH_PY := $(if $(RUN),BENCH_RUN=$(RUN) )$(BIN)/python tools/bench
 BENCH_ch07 := $(BENCH_PY)/bench_sentiment.py
 BENCH_ch08 := $(BENCH_PY)/bench_attention.py && $(BENCH_PY)/bench_attention.py \
@@ -192,6 +202,7 @@ BENCH_ch11 := $(BENCH_PY)/bench_token_cost.py && $(BENCH_PY)/bench_static.py \
 	&& $(BENCH_PY)/bench_speculative.py
 BENCH_ch12 := $(BENCH_PY)/bench_variants.py
 BENCH_ch13 := $(BENCH_PY)/bench_flash.py
+BENCH_ch16 := $(BENCH_PY)/bench_flex.py
 BENCH_ch17 := $(BENCH_PY)/bench_ring.py
 bench: $(STAMP)
 	@test -z "$(filter-out $(BENCH_PARTS),$(PART))" || { \
@@ -265,11 +276,19 @@ JOBS_TRAIN ?= 2
 train-variants: $(STAMP)
 	$(BIN)/python tools/train/train_variants.py --jobs $(JOBS_TRAIN)
 
+# Chapter 15's trainings on one thread (tools/train/train_circuits.py): the one-
+# and two-layer attention-only models on the induction task (three seeds each)
+# and chapter 12's variants on MQAR; weights in book/data/circuits/, logs in
+# book/data/ (each model's CPU and wall seconds).
+.PHONY: train-circuits
+train-circuits: $(STAMP)
+	$(BIN)/python tools/train/train_circuits.py
+
 # Every training target, one after the other (chapters 6, 7 and 9 train on one
-# thread and log their CPU and wall seconds; issue 39's budget: 15 minutes of CPU in all,
-# which chapter 12's train-variants alone exceeds: see CONTRIBUTING.md).
+# thread and log their CPU and wall seconds; issue 46's budget: 60 minutes of CPU in
+# all, 3 per model; about 2,660 s by the logs: see CONTRIBUTING.md).
 .PHONY: train
-train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq
+train: train-gpt train-gpt-draft train-variants long-context train-positions train-sentiment train-additive train-seq2seq train-circuits
 
 # The suite's own benchmark: the time of each stage (tools/bench/bench_suite.py).
 # BENCH_ARGS=--write-durations also stores the per-file times in

@@ -23,33 +23,14 @@ import numbers
 
 import torch
 
-from attention import check_d_k
+from attention import check_qkv_shapes, check_qkv_tensors
 
 
 def check_qkv(Q, K, V):
-    """ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v) fit."""
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if len(t.shape) < 2:
-            raise ValueError(
-                f"{name} must have shape (..., length, size), "
-                f"got {tuple(t.shape)}"
-            )
-    if not Q.shape[:-2] == K.shape[:-2] == V.shape[:-2]:
-        raise ValueError(
-            f"batch and head dimensions differ: Q {tuple(Q.shape)}, "
-            f"K {tuple(K.shape)}, V {tuple(V.shape)}"
-        )
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            f"Q and K must have the same size d_k: Q has "
-            f"{Q.shape[-1]}, K has {K.shape[-1]}"
-        )
-    if K.shape[-2] != V.shape[-2]:
-        raise ValueError(
-            f"every key needs one value: K has {K.shape[-2]} "
-            f"positions, V has {V.shape[-2]}"
-        )
-    check_d_k(Q.shape[-1])  # 1 / sqrt(0) would divide by zero
+    """ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k), V (..., T_k, d_v)
+    fit (NumPy arrays or torch tensors): attention.check_qkv_shapes with the
+    same leading axes, a key even with no query, and one dtype."""
+    check_qkv_shapes(Q, K, V, same_batch=True)  # and d_k >= 1
     if K.shape[-2] == 0:
         raise ValueError("attention needs at least one key")
     if not Q.dtype == K.dtype == V.dtype:
@@ -59,14 +40,16 @@ def check_qkv(Q, K, V):
         )
 
 
-def check_torch(Q, K, V):
-    """Shape checks plus: floating-point torch tensors with finite entries."""
-    if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
-        raise ValueError("Q, K and V must be torch tensors")
+def check_torch(Q, K, V, finite=True):
+    """Shape checks plus: floating-point torch tensors of one dtype on the
+    CPU, where this file's buffers are; finite entries unless finite=False."""
+    check_qkv_tensors(Q, K, V)  # attention.py's: one dtype and one device
+    if Q.device.type != "cpu":
+        raise ValueError(
+            f"Q, K and V are on {Q.device}: these programs run on the CPU"
+        )
     check_qkv(Q, K, V)
-    if not Q.is_floating_point():
-        raise ValueError(f"Q, K and V must be floating point, got {Q.dtype}")
-    if not all(torch.isfinite(t).all() for t in (Q, K, V)):
+    if finite and not all(torch.isfinite(t).all() for t in (Q, K, V)):
         raise ValueError("Q, K or V contains NaN or infinite values")
 
 
@@ -114,13 +97,14 @@ def tile_schedule(T_q, T_k, B_r, B_c, causal=False, offset=0):
     return tiles
 
 
-def check_medians(medians, within=0.0):
-    """Raise ValueError unless medians maps tiles (B_r, B_c), two integers
-    >= 1, to positive finite ratios, and holds at least one; and within is
-    a finite number >= 0."""
-    if not isinstance(medians, dict) or not medians:
-        raise ValueError("the sweep holds no tile: medians must be a dict")
-    for tile in medians:
+def check_intervals(intervals, current):
+    """Raise ValueError unless intervals maps tiles (B_r, B_c), two integers
+    >= 1, to (median, lo, hi) ratios, positive and finite with
+    lo <= median <= hi, and holds at least one; and current is one of its
+    tiles, as a list or tuple."""
+    if not isinstance(intervals, dict) or not intervals:
+        raise ValueError("the sweep holds no tile: intervals must be a dict")
+    for tile in intervals:
         if not (
             isinstance(tile, tuple)
             and len(tile) == 2
@@ -130,38 +114,54 @@ def check_medians(medians, within=0.0):
             )
         ):
             raise ValueError(
-                f"every key of medians must be a tile (B_r, B_c) of two "
+                f"every key of intervals must be a tile (B_r, B_c) of two "
                 f"integers >= 1, got {tile!r}"
             )
-    if not all(
-        isinstance(x, numbers.Real) and math.isfinite(x) and x > 0
-        for x in medians.values()
-    ):
-        raise ValueError("every median ratio must be a positive number")
-    if isinstance(within, bool) or not (
-        isinstance(within, numbers.Real) and 0 <= within < math.inf
-    ):
-        raise ValueError(
-            f"within must be a finite number >= 0, got {within!r}"
-        )
+    for tile, value in intervals.items():
+        if not (
+            isinstance(value, tuple | list)
+            and len(value) == 3
+            and all(
+                isinstance(x, numbers.Real) and math.isfinite(x) and x > 0
+                for x in value
+            )
+        ):
+            raise ValueError(
+                f"every interval must be (median, lo, hi), three positive "
+                f"numbers, got {value!r} for {tile}"
+            )
+        median, lo, hi = value
+        if not lo <= median <= hi:
+            raise ValueError(
+                f"the interval of {tile} must hold its median: "
+                f"lo <= median <= hi, got {value!r}"
+            )
+    if not isinstance(current, tuple | list) or tuple(current) not in list(
+        intervals
+    ):  # compared, not hashed: a list inside current is no TypeError
+        raise ValueError(f"the current tile {current!r} is not in the sweep")
 
 
-def choose_tile(medians, within=0.01):
-    """The tile [B_r, B_c] chosen from a sweep: medians maps (B_r, B_c) to
-    the median ratio SDPA time / our time. Medians within `within` of the
-    best count as tied with it: of those tiles, the one with the smallest
-    buffer B_r B_c (on a tie in size, the higher median)."""
-    check_medians(medians, within)
-    best = max(medians.values())
-    near = [tile for tile, x in medians.items() if x >= best - within]
-    B_r, B_c = min(near, key=lambda t: (t[0] * t[1], -medians[t]))
-    return [B_r, B_c]
+def choose_tile(intervals, current):
+    """The tile [B_r, B_c] to use after a sweep: intervals maps (B_r, B_c)
+    to (median, lo, hi), the median ratio SDPA time / our time and its 95 %
+    interval. The current tile is kept while its interval overlaps that of
+    the best median (the sweep cannot tell them apart); a tile measurably
+    slower (its interval entirely below the best's) gives way to the tile
+    with the best median."""
+    check_intervals(intervals, current)
+    best = max(intervals, key=lambda tile: intervals[tile][0])
+    if intervals[tuple(current)][2] >= intervals[best][1]:
+        return list(current)  # cannot be told apart from the best: kept
+    return list(best)
 
 
-# the tiles (B_r, B_c), as choose_tile picks them from chapter 8's sweep
+# the tiles (B_r, B_c) in use; choose_tile keeps them after chapter 8's sweep
 FAST_TILE = {"no mask": [512, 256], "causal": [256, 256]}
 MARGIN = 20  # row sums of exp(e_ij - r_i) up to 2 ** 20 are accepted
-# each change on or off, as it measured on the machine of the benchmark
+# ones off: on, it is measurably slower without the mask (ablation);
+# base2, inside, lazy on: the ablation cannot tell them apart from the
+# version as set
 LEVERS = {"base2": True, "inside": True, "ones": False, "lazy": True}
 
 
@@ -364,17 +364,16 @@ def flash_backward(
 
 def check_backward(Q, K, V, C, lse, dC, inside, base2):
     """ValueError unless flash_backward's tensors fit: Q, K, V as for
-    fast_attention (shapes, floating point; not checked for NaN again),
-    C and dC (..., T_q, d_v) and lse (..., T_q), finite, all of one dtype;
-    inside and base2 True or False (causal and the offset: in
-    tile_schedule)."""
-    tensors = {"Q": Q, "K": K, "V": V, "C": C, "lse": lse, "dC": dC}
-    for name, t in tensors.items():
+    fast_attention (check_torch), C and dC (..., T_q, d_v) and lse
+    (..., T_q), all finite and of one dtype and device; inside and base2
+    True or False (causal and the offset: in tile_schedule)."""
+    for name, t in (("C", C), ("lse", lse), ("dC", dC)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch tensor")
-    check_qkv(Q, K, V)
-    if not Q.is_floating_point():
-        raise ValueError(f"Q, K and V must be floating point, got {Q.dtype}")
+    check_torch(Q, K, V, finite=False)  # finite: below, naming the tensor
+    for name, x in (("Q", Q), ("K", K), ("V", V)):
+        if not torch.isfinite(x).all():  # else NaN gradients, no error
+            raise ValueError(f"{name} contains NaN or infinite values")
     output = (*Q.shape[:-1], V.shape[-1])  # (..., T_q, d_v)
     for name, t, shape in (
         ("C", C, output),
@@ -386,8 +385,11 @@ def check_backward(Q, K, V, C, lse, dC, inside, base2):
                 f"{name} must have shape {tuple(shape)} for these Q and V, got "
                 f"{tuple(t.shape)}"
             )
-        if t.dtype != Q.dtype:
-            raise ValueError(f"{name} is {t.dtype}, Q is {Q.dtype}: one dtype")
+        if t.dtype != Q.dtype or t.device != Q.device:
+            raise ValueError(
+                f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
+                f"{Q.device}: one dtype and one device"
+            )
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} contains NaN or infinite values")
     for name, flag in (("inside", inside), ("base2", base2)):
@@ -441,7 +443,7 @@ def flash_attention(Q, K, V, causal=False, B_r=None, B_c=None):
 
 def check_causal(Q, K, V, causal):
     """The offset of the causal diagonal; ValueError for an unknown mask,
-    for inputs check_qkv refuses (d_k = 0 among them) or for a bottom-right
+    for inputs check_torch refuses (d_k = 0 among them) or for a bottom-right
     mask under which the first queries would see no key (after the shapes'
     checks: it reads T_q and T_k)."""
     if not isinstance(causal, bool) and not (
@@ -451,9 +453,7 @@ def check_causal(Q, K, V, causal):
             f"causal must be False, True, 'top-left' or 'bottom-right', "
             f"got {causal!r}"
         )
-    if not all(isinstance(t, torch.Tensor) for t in (Q, K, V)):
-        raise ValueError("Q, K and V must be torch tensors")
-    check_qkv(Q, K, V)  # T_q, T_k and d_k >= 1 exist
+    check_torch(Q, K, V, finite=False)  # T_q, T_k and d_k >= 1 exist
     if causal != "bottom-right":
         return 0
     T_q, T_k = Q.shape[-2], K.shape[-2]

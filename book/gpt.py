@@ -149,8 +149,10 @@ class GPT(nn.Module):
 def check_forward(model, tokens, caches):
     """Raise ValueError unless the GPT model can take tokens (B, T) and
     caches: None, or one cache per block, each its own, all at one length
-    (the blocks run in order at every call) and holding B rows; with room
-    in the context for T more tokens (no limit with a window)."""
+    (the blocks run in order at every call) and holding B rows, and empty
+    if the embedding reads the token before (`reads_previous_token`,
+    chapter 15's `recall.PreviousToken`); with room in the context for T
+    more tokens (no limit with a window)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         raise ValueError(
             f"tokens must be (B, T) token ids, got {shape_of(tokens)}"
@@ -165,6 +167,12 @@ def check_forward(model, tokens, caches):
             raise ValueError(
                 f"the caches hold {rows.pop()} rows, the tokens "
                 f"{tokens.shape[0]}: a cache serves one batch"
+            )
+        if seen and getattr(model.embed, "reads_previous_token", False):
+            raise ValueError(
+                f"the caches hold {seen} tokens, but this model's embedding "
+                "adds each token's predecessor, which no cache keeps: call "
+                "it on whole sequences (from empty caches)"
             )
     if model.w is None and seen + tokens.shape[1] > model.context:
         raise ValueError(
@@ -442,6 +450,13 @@ class Decoder:
         if not isinstance(model, GPT):
             raise ValueError(
                 f"model must be a GPT, got {type(model).__name__}"
+            )
+        if getattr(model.embed, "reads_previous_token", False):
+            raise ValueError(
+                "a Decoder reads the token embedding's weight alone, but "
+                "this model's embedding also adds each token's predecessor "
+                "(chapter 15's PreviousToken): run the model itself on whole "
+                "sequences"
             )
         attn = model.blocks[0].self_attn
         if any(

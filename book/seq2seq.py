@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_d_k
+from attention import check_qkv_shapes, check_qkv_tensors, check_scores_finite
 from transformer import (
     Cache,
     EncoderBlock,
@@ -58,8 +58,12 @@ from transformer import (
     SelfAttention,
     allowed_positions,
     attend,
+    check_dense,
+    check_dtype,
+    check_finite,
     check_heads,
     check_rows,
+    check_vectors,
     sinusoidal_encoding,
 )
 
@@ -80,8 +84,7 @@ def alibi_slopes(H, dtype=torch.float64):
     """
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"H must be a positive integer, got {H!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a float type, got {dtype!r}")
+    check_dtype(dtype)  # float16, bfloat16, float32 or float64
 
     def power_of_two(n):
         start = 2.0 ** (-8.0 / n)
@@ -106,6 +109,7 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
     error, no query an empty bias.
     """
     for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
+        check_dense(name, pos)  # a sparse or nested tensor: no sizes
         if not is_integer_tensor(pos) or pos.dim() != 1:
             raise ValueError(
                 f"{name} must be a 1-D tensor of integer positions, got "
@@ -113,18 +117,40 @@ def alibi_bias(H, pos_q, pos_k, dtype=torch.float64):
             )
     if len(pos_k) == 0 and len(pos_q) > 0:
         raise ValueError("an empty key sequence: the queries have no key")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a float type, got {dtype!r}")
+    check_dtype(dtype)  # float16, bfloat16, float32 or float64
+    if pos_q.device != pos_k.device:
+        raise ValueError(
+            f"pos_q is on {pos_q.device}, pos_k on {pos_k.device}"
+        )
     distance = (pos_q[:, None] - pos_k[None, :]).abs().to(dtype)  # (T_q, T_k)
-    return -alibi_slopes(H, dtype)[:, None, None] * distance
+    slopes = alibi_slopes(H, dtype).to(pos_q.device)  # the positions' device
+    return -slopes[:, None, None] * distance
 
 
 def attend_biased(Q, K, V, mask=None, bias=None):
-    """transformer.py's `attend` with a bias added to the scaled scores."""
+    """transformer.py's `attend` with a bias added to the scaled scores.
+
+    Q, K, V and the bias must be finite (a key to hide: mask it): a NaN or
+    an infinity in Q, K or the bias can make weights NaN (a bias row of
+    -inf does); in V it makes outputs NaN or infinite. An unmasked score
+    plus its bias that overflows its dtype (float16 stops at 65504), or an
+    unmasked product Q K^T that does before the division, is a ValueError."""
     check_attention_inputs(Q, K, V, mask, bias)
     if bias is None:
-        return attend(Q, K, V, mask)
+        return attend(Q, K, V, mask)  # it checks Q, K and V's values
+    check_finite(Q=Q, K=K, V=V, bias=bias)  # one reduction each
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + bias
+    try:
+        check_scores_finite(scores, mask)  # float16 overflows past 65504
+    except ValueError:  # the product, or the bias added to it?
+        product = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5
+        check_scores_finite(product, mask)  # names Q K^T
+        raise ValueError(
+            f"a score Q K^T / sqrt(d_k) + bias overflowed {scores.dtype} "
+            f"(largest {torch.finfo(scores.dtype).max:g}) where Q K^T / "
+            f"sqrt(d_k) alone fits: scale Q, K or the bias down, or use a "
+            f"wider dtype"
+        ) from None
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -144,7 +170,11 @@ class AlibiSelfAttention(SelfAttention):
         check_vectors("x", x, self.in_proj.weight)
         check_cache(cache)
         T = x.shape[1]
-        pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
+        pos_q = (
+            torch.arange(T, device=x.device)  # mask and bias: on x's device
+            if cache is None
+            else cache.next_positions(T)
+        )
         Q, K, V = self.heads(x)
         pos_k = pos_q
         if cache is not None:
@@ -152,7 +182,7 @@ class AlibiSelfAttention(SelfAttention):
                 raise ValueError("a cached call takes no mask")
             cache.check_layer(self.w, self.causal)
             K, V, pos_k = cache.update(K, V)
-        check_mask(mask, (*Q.shape[:-1], K.shape[-2]))
+        check_mask(mask, (*Q.shape[:-1], K.shape[-2]), Q.device)
         if self.causal or cache is not None:
             allowed = allowed_positions(pos_q, pos_k, None, self.causal)
             mask = allowed if mask is None else check_rows(mask & allowed)
@@ -287,6 +317,7 @@ def check_block_inputs(
     if S == 0:
         raise ValueError("an empty source: the memory has no position")
     if memory_mask is not None:
+        check_dense("memory_mask", memory_mask)
         if not is_bool_tensor(memory_mask) or tuple(memory_mask.shape) != (
             B,
             S,
@@ -294,6 +325,10 @@ def check_block_inputs(
             raise ValueError(
                 f"memory_mask must be a boolean ({B}, {S}) tensor, got "
                 f"{describe(memory_mask)}"
+            )
+        if memory_mask.device != x.device:
+            raise ValueError(
+                f"memory_mask is on {memory_mask.device}, x on {x.device}"
             )
         if not memory_mask.any(dim=-1).all():
             raise ValueError("an empty source: a row has no real position")
@@ -305,6 +340,7 @@ def check_tgt_mask(tgt_mask, B, T):
     """Raise ValueError unless tgt_mask is None or boolean (T, T) or (B, T, T)."""
     if tgt_mask is None:
         return
+    check_dense("the target mask", tgt_mask)
     if not is_bool_tensor(tgt_mask) or tuple(tgt_mask.shape) not in (
         (T, T),
         (B, T, T),
@@ -802,11 +838,16 @@ def wilson_interval(k, n, level=0.95):
 
     if not (integer(k) and integer(n) and 0 <= k <= n and n >= 1):
         raise ValueError(f"need counts 0 <= k <= n and n >= 1, got {k=}, {n=}")
-    k, n = int(k), int(n)
+    return _wilson(int(k) / int(n), int(n), level)
+
+
+def _wilson(p, n, level):
+    """Wilson's interval for a share p of n trials (wilson_interval's
+    formula; circuits.sequence_interval's with n the number of sequences)."""
     if not (isinstance(level, numbers.Real) and 0 < level < 1):
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     z = NormalDist().inv_cdf((1 + level) / 2)
-    p, z2 = k / n, z * z / n
+    z2 = z * z / n
     centre = (p + z2 / 2) / (1 + z2)
     half = z / (1 + z2) * math.sqrt(p * (1 - p) / n + z2 / (4 * n))
     return max(0.0, centre - half), min(1.0, centre + half)
@@ -926,27 +967,6 @@ def check_positions(positions):
         )
 
 
-def check_vectors(name, x, like=None):
-    """Raise ValueError unless x is a float (B, T, d) tensor; given a tensor
-    `like` (a layer's weight), with its size d (last axis) and dtype."""
-    if not is_float_tensor(x) or x.dim() != 3:
-        raise ValueError(
-            f"{name} must be a float tensor (B, T, d), got {describe(x)}"
-        )
-    if like is None:
-        return
-    if x.shape[-1] != like.shape[-1]:
-        raise ValueError(
-            f"{name} has {x.shape[-1]} features, the layer takes "
-            f"{like.shape[-1]}"
-        )
-    if x.dtype != like.dtype:
-        raise ValueError(
-            f"mixed dtypes: {name} is {x.dtype}, the layer's weights "
-            f"{like.dtype}"
-        )
-
-
 def check_memory(memory, like, name="memory"):
     """check_vectors, and no empty source: S >= 1 positions."""
     check_vectors(name, memory, like)
@@ -993,9 +1013,10 @@ def check_caches(caches, layers):
         check_cache(cache)
 
 
-def check_mask(mask, shape):
-    """Raise ValueError unless mask is None or a boolean tensor that
-    broadcasts to shape."""
+def check_mask(mask, shape, device):
+    """Raise ValueError unless mask is None or a boolean tensor on device
+    (Q's) that broadcasts to shape."""
+    check_dense("mask", mask)
     if mask is not None and not (
         is_bool_tensor(mask) and broadcasts(mask.shape, shape)
     ):
@@ -1003,6 +1024,8 @@ def check_mask(mask, shape):
             f"mask must be a boolean tensor that broadcasts to {tuple(shape)}, "
             f"got {describe(mask)}"
         )
+    if mask is not None and mask.device != device:
+        raise ValueError(f"mask is on {mask.device}, Q on {device}")
 
 
 def check_attention_inputs(Q, K, V, mask=None, bias=None):
@@ -1010,31 +1033,13 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
     (..., T_k, d_v) are float tensors of one dtype with the same leading
     axes (batch, heads), every query has a key, and mask (boolean) and
     bias (Q's dtype) broadcast to the scores (..., T_q, T_k). T_q = 0 is
-    allowed: no query, an empty result."""
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if not is_float_tensor(t) or t.dim() < 2:
-            raise ValueError(
-                f"{name} must be a float tensor (..., T, d), got {describe(t)}"
-            )
-    if not Q.dtype == K.dtype == V.dtype:
-        raise ValueError(
-            f"mixed dtypes: Q {Q.dtype}, K {K.dtype}, V {V.dtype}"
-        )
-    if not Q.shape[:-2] == K.shape[:-2] == V.shape[:-2]:
-        raise ValueError(
-            f"mismatched batches: Q {tuple(Q.shape)}, K {tuple(K.shape)} and "
-            f"V {tuple(V.shape)} must share their leading axes"
-        )
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            f"queries of size {Q.shape[-1]}, keys of size {K.shape[-1]}"
-        )
-    if K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"{K.shape[-2]} keys but {V.shape[-2]} values")
-    check_d_k(K.shape[-1])  # the scale 1 / sqrt(d_k) needs d_k >= 1
+    allowed: no query, an empty result. Q, K and V: attention.py's
+    checks, with equal leading axes."""
+    check_qkv_tensors(Q, K, V)  # float tensors, one dtype and device
+    for name, t in dict(Q=Q, K=K, V=V, mask=mask, bias=bias).items():
+        check_dense(name, t)  # nested, or a sparse or nested mask or bias
+    check_qkv_shapes(Q, K, V, same_batch=True)  # d_k >= 1, T_k, batches
     T_q, T_k = Q.shape[-2], K.shape[-2]
-    if T_k == 0 and T_q > 0:
-        raise ValueError("an empty key sequence: the queries have no key")
     scores = (*Q.shape[:-1], T_k)
     if bias is not None:
         if not is_float_tensor(bias) or not broadcasts(bias.shape, scores):
@@ -1044,7 +1049,11 @@ def check_attention_inputs(Q, K, V, mask=None, bias=None):
             )
         if bias.dtype != Q.dtype:
             raise ValueError(f"mixed dtypes: Q {Q.dtype}, bias {bias.dtype}")
-    check_mask(mask, scores)
+        if bias.device != Q.device:
+            raise ValueError(f"bias is on {bias.device}, Q on {Q.device}")
+    check_mask(mask, scores, Q.device)
+    if Q.device.type == "meta":  # before any value check (check_rows)
+        raise ValueError("Q is on meta: attention needs values")
     if mask is not None and T_q > 0:
         check_rows(mask)
 

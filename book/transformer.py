@@ -26,7 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import check_batch_and_keys, check_mask
+from attention import (
+    FLOAT_DTYPES,
+    check_mask,
+    check_qkv_shapes,
+    check_qkv_tensors,
+    check_scores_finite,
+)
 from flash import flash_attention
 
 
@@ -34,11 +40,22 @@ def attend(Q, K, V, mask=None, rows_checked=False):
     """softmax(Q K^T / sqrt(d_k)) V on the last two axes; (outputs, weights).
 
     A query the mask lets see no key is a ValueError (chapter 3's function
-    gives it zeros): its softmax is undefined. rows_checked=True skips that
-    check (a value check: three more operations) for a mask whose rows are
-    known to hold a key, such as one a layer built from positions."""
+    gives it zeros): its softmax is undefined. So is a NaN or an infinity
+    in Q, K or V: in Q or K it can make weights NaN, in V it makes outputs
+    NaN or infinite; and so is a product Q K^T that overflows its dtype
+    before the division by sqrt(d_k) (float16 stops at 65504: entries 300
+    with d_k = 8 give 720,000, entries 100 give 80,000). rows_checked=True
+    skips these value checks (operations on every step) for a causal or
+    cached layer's own call, with a mask it built from positions: such a
+    layer given a NaN or an infinity in x, or scores that overflow, returns
+    NaN or infinite outputs without an error (chapter 10 counts a step's
+    operations)."""
     check_qkv(Q, K, V, mask)  # ValueError naming a shape, dtype or mask
+    if not rows_checked:
+        check_finite(Q=Q, K=K, V=V)  # ValueError naming NaN or infinity
     scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5  # (..., T_q, T_k)
+    if not rows_checked:
+        check_scores_finite(scores, mask)  # ValueError: a score overflowed
     if mask is not None:
         if not rows_checked:
             check_rows(mask)  # ValueError naming a query that sees no key
@@ -65,31 +82,28 @@ def check_count(name, n, low=1):
 def check_qkv(Q, K, V, mask=None):
     """Raise ValueError unless Q (..., T_q, d_k), K (..., T_k, d_k) and
     V (..., T_k, d_v) are floating-point tensors of one dtype and device
-    whose leading axes broadcast, with d_k >= 1 and a key for any query
-    (attention.check_batch_and_keys), and mask is None
-    or a boolean tensor that broadcasts to the scores (..., T_q, T_k).
-    Shapes only, never values: no tensor operation is added to a step."""
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor")
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} must be (..., T, size), got {shape_of(t)}"
-            )
-        if t.dtype != Q.dtype or t.device != Q.device:
-            raise ValueError(
-                f"{name} is {t.dtype} on {t.device}, Q is {Q.dtype} on "
-                f"{Q.device}: Q, K and V need one dtype and one device"
-            )
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(
-            f"Q (..., T_q, d_k), K (..., T_k, d_k) and V (..., T_k, d_v) do "
-            f"not fit: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V "
-            f"{tuple(V.shape)}"
-        )
-    batch = check_batch_and_keys(Q, K, V)  # d_k >= 1, keys, batch axes
+    (attention.check_qkv_tensors) whose leading axes broadcast, with
+    d_k >= 1 and a key for any query (attention.check_qkv_shapes), and
+    mask is None or a boolean tensor that broadcasts to the scores
+    (..., T_q, T_k), and Q, K and V hold values (not on meta). Shapes
+    only, never values: no tensor operation is added to a step."""
+    check_qkv_tensors(Q, K, V)  # sparse Q, K or V: a named ValueError
+    for name, t in (("Q", Q), ("K", K), ("V", V), ("mask", mask)):
+        check_dense(name, t)  # nested ones, or a sparse or nested mask
+    batch = check_qkv_shapes(Q, K, V)  # d_k >= 1, keys, batch axes
     if mask is not None:
-        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))
+        check_mask(mask, (*batch, Q.shape[-2], K.shape[-2]), Q.device)
+    if Q.device.type == "meta":  # shapes without values (K, V: Q's device)
+        raise ValueError("Q is on meta: attention needs values")
+
+
+def check_finite(**tensors):
+    """Raise ValueError naming the first tensor that holds a NaN or an
+    infinity (in Q, K or a bias it can make weights NaN; in V, outputs NaN
+    or infinite): one reduction per tensor."""
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
 
 
 def check_heads(d, H):
@@ -394,7 +408,11 @@ class SelfAttention(nn.Module):
     def forward(self, x, mask=None, cache=None):
         check_call(self, x, mask, cache)  # ValueError: shapes, dtypes, mask
         T = x.shape[1]
-        pos_q = torch.arange(T) if cache is None else cache.next_positions(T)
+        pos_q = (
+            torch.arange(T, device=x.device)  # the mask: on x's device
+            if cache is None
+            else cache.next_positions(T)
+        )
         Q, K, V = self.heads(x, pos_q)
         pos_k = pos_q
         if cache is not None:
@@ -418,14 +436,19 @@ class SelfAttention(nn.Module):
         """The "flash" and "sdpa" backends: flash_attention (tiles of
         weights it never stores) or F.scaled_dot_product_attention, for the
         masks both know: none, or causal over every key kept in order (no
-        window, no empty slot)."""
+        window, no empty slot). Non-finite values: flash refuses them in its
+        own checks; sdpa passes them through (NaN or infinite outputs)."""
         if self.w is not None or mask is not None:
             raise ValueError(
                 f"the {self.backend} backend takes no mask and no window w: "
                 f"no mask at all, or causal=True (else backend 'attend')"
             )
-        T_k = pos_k.shape[-1]
-        in_order = pos_q.dim() == 1 and torch.equal(pos_k, torch.arange(T_k))
+        if Q.device.type == "meta":  # torch.equal below needs values
+            raise ValueError("Q is on meta: attention needs values")
+        T_k, on = pos_k.shape[-1], pos_k.device  # x's device, or the cache's
+        in_order = pos_q.dim() == 1 and torch.equal(
+            pos_k, torch.arange(T_k, device=on)
+        )
         if not (in_order and torch.equal(pos_q, pos_k[T_k - len(pos_q) :])):
             raise ValueError(
                 f"the {self.backend} backend needs every earlier key, in "
@@ -436,7 +459,8 @@ class SelfAttention(nn.Module):
             out = flash_attention(Q, K, V, self.causal and "bottom-right")
         else:
             below = T_k - len(pos_q)  # the diagonal's offset (bottom-right)
-            allowed = torch.ones(len(pos_q), T_k, dtype=torch.bool).tril(below)
+            allowed = torch.ones(len(pos_q), T_k, dtype=torch.bool, device=on)
+            allowed = allowed.tril(below)
             out = F.scaled_dot_product_attention(
                 Q, K, V, allowed if self.causal else None
             )
@@ -452,7 +476,7 @@ def check_call(layer, x, mask, cache):
     """Raise ValueError unless a SelfAttention layer can take x (B, T, d)
     of its size, dtype and device, with mask None or a boolean (..., T, T)
     that broadcasts to the scores, or cache a Cache (and then no mask)."""
-    check_input(x, layer.in_proj.weight)
+    check_vectors("x", x, layer.in_proj.weight, type(layer).__name__)
     if cache is not None:
         if not isinstance(cache, Cache):
             raise ValueError(
@@ -463,20 +487,53 @@ def check_call(layer, x, mask, cache):
             raise ValueError("a cached call takes no mask")
     elif mask is not None:
         B, T, _ = x.shape
-        check_mask(mask, (B, layer.H, T, T))
+        check_dense("mask", mask)
+        check_mask(mask, (B, layer.H, T, T), x.device)
 
 
-def check_input(x, weight):
-    """Raise ValueError unless x is (B, T, d) in the dtype and on the device
-    of the weight (..., d) it meets first."""
+def check_vectors(name, x, weight=None, layer="the layer"):
+    """Raise ValueError unless x is a dense float (B, T, d) tensor; given
+    the weight (..., d) it meets first, of that size d, dtype and device.
+    `layer` names the layer in the errors. Attributes only, no tensor
+    operation: every layer and block checks its x with this one function."""
+    check_dense(name, x)  # sparse and nested tensors have no usable shape
+    is_tensor = isinstance(x, torch.Tensor)
+    if weight is None:
+        if not is_tensor or not x.is_floating_point() or x.dim() != 3:
+            raise ValueError(
+                f"{name} must be a float tensor (B, T, d), got {shape_of(x)}"
+            )
+        return
     d = weight.shape[-1]
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d:
-        raise ValueError(f"x must have shape (B, T, {d}), got {shape_of(x)}")
-    if x.dtype != weight.dtype or x.device != weight.device:
+    if not is_tensor or x.dim() != 3:
         raise ValueError(
-            f"x is {x.dtype} on {x.device}, the layer {weight.dtype} on "
-            f"{weight.device}: convert one (x.double(), model.double())"
+            f"{name} must have shape (B, T, {d}), the input {layer} takes, "
+            f"got {shape_of(x)}"
         )
+    if x.shape[-1] != d:
+        raise ValueError(
+            f"{name} has {x.shape[-1]} features: {name} must have shape "
+            f"(B, T, {d}), the input {layer} takes, got {shape_of(x)}"
+        )
+    if x.dtype != weight.dtype:
+        raise ValueError(
+            f"mixed dtypes: {name} is {x.dtype}, the layer {weight.dtype}: "
+            f"convert one to the other ({name}.double(), model.double())"
+        )
+    if x.device != weight.device:
+        raise ValueError(
+            f"{name} is on {x.device}, the layer's weights on {weight.device}"
+        )
+
+
+def check_dense(name, t):
+    """Raise ValueError if t is a sparse or nested tensor (torch operations
+    on it fail or are missing): an attribute check, no tensor operation."""
+    if isinstance(t, torch.Tensor) and (
+        t.is_nested or t.layout != torch.strided
+    ):
+        got = "a nested tensor" if t.is_nested else t.layout
+        raise ValueError(f"{name} must be a dense (strided) tensor, got {got}")
 
 
 def frequencies(d, dtype=torch.float64):
@@ -488,6 +545,7 @@ def frequencies(d, dtype=torch.float64):
 def sinusoidal_encoding(T, d, dtype=torch.float64):
     """The (T, d) table of equation pos-sinusoid, one row per position."""
     check_count("T", T, 0)
+    check_pairs(d, dtype)  # before arange: float8 has none
     angles = torch.arange(T, dtype=dtype)[:, None] * frequencies(d, dtype)
     pe = torch.empty(T, d, dtype=dtype)
     pe[:, 0::2], pe[:, 1::2] = angles.sin(), angles.cos()  # (T, d)
@@ -496,19 +554,29 @@ def sinusoidal_encoding(T, d, dtype=torch.float64):
 
 def check_pairs(d, dtype):
     """Raise ValueError unless d is an even integer >= 2 (d / 2 pairs) and
-    dtype a floating-point dtype."""
+    dtype one attention takes (check_dtype)."""
     if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2 != 0:
         raise ValueError(f"need an even size d >= 2 (pairs), got d={d!r}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    check_dtype(dtype)
+
+
+def check_dtype(dtype, name="dtype"):
+    """Raise ValueError unless dtype is float16, bfloat16, float32 or
+    float64 (attention.FLOAT_DTYPES): float8 has no arange, sin or neg."""
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{name} must be a float type, a floating-point dtype attention "
+            f"takes (float16, bfloat16, float32 or float64), got {dtype!r}"
+        )
 
 
 def rotary(x, positions=None):
     """Rotate each pair of the last axis of x (..., T, d_k) by its position."""
     T, d_k = check_rotary(x, positions)
     if positions is None:
-        positions = torch.arange(T)
-    angles = positions.to(x.dtype)[:, None] * frequencies(d_k, x.dtype)
+        positions = torch.arange(T, device=x.device)
+    omega = frequencies(d_k, x.dtype).to(x.device)  # (d_k / 2,)
+    angles = positions.to(x.dtype)[:, None] * omega
     cos, sin = angles.cos(), angles.sin()  # (T, d_k / 2)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # first and second of each pair
     rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -521,18 +589,25 @@ def check_rotary(x, positions):
         raise ValueError(
             f"x must be a floating-point tensor, got {shape_of(x)}"
         )
+    check_dense("x", x)
+    check_dtype(x.dtype, "x's dtype")
     if x.dim() < 2 or x.shape[-1] % 2 != 0:
         raise ValueError(
             f"rotary positions rotate pairs: the last axis (head size) must "
             f"be even, got shape {tuple(x.shape)}"
         )
     T = x.shape[-2]
+    check_dense("positions", positions)  # a sparse or nested tensor: no sizes
     if positions is not None and (
         not isinstance(positions, torch.Tensor)
         or tuple(positions.shape) != (T,)
     ):
         raise ValueError(
             f"positions must be a ({T},) tensor, got {shape_of(positions)}"
+        )
+    if positions is not None and positions.device != x.device:
+        raise ValueError(
+            f"positions are on {positions.device}, x on {x.device}"
         )
     return T, x.shape[-1]
 
@@ -577,7 +652,7 @@ class EncoderBlock(nn.Module):
     def forward(
         self, x, mask=None, padding_mask=None, return_weights=False, cache=None
     ):
-        check_input(x, self.norm1.weight)  # (B, T, d), the block's dtype
+        check_vectors("x", x, self.norm1.weight, type(self).__name__)
         allowed = combine_masks(x, mask, padding_mask)  # (B, 1, T, T) or None
         attended, weights = self.self_attn(self.norm1(x), allowed, cache)
         y = x + attended  # residual around the attention
@@ -594,12 +669,17 @@ class DecoderBlock(EncoderBlock):
 
 def combine_masks(x, mask, padding_mask):
     """Check x (B, T, d) and the masks; one boolean (B, 1, T, T) mask or None."""
+    for name, t in (("x", x), ("mask", mask), ("padding_mask", padding_mask)):
+        check_dense(name, t)
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x must have shape (B, T, d), got {shape_of(x)}")
     B, T, _ = x.shape
     if mask is None and padding_mask is None:
         return None
-    allowed = torch.ones(B, 1, T, T, dtype=torch.bool)
+    allowed = torch.ones(B, 1, T, T, dtype=torch.bool, device=x.device)
+    for name, m in (("mask", mask), ("padding_mask", padding_mask)):
+        if isinstance(m, torch.Tensor) and m.device != x.device:
+            raise ValueError(f"{name} is on {m.device}, x on {x.device}")
     if mask is not None:
         shapes = ((T, T), (B, T, T))
         if not isinstance(mask, torch.Tensor):

@@ -34,6 +34,7 @@ from transformer import (
     allowed_positions,
     attend,
     check_heads,
+    check_vectors,
     rotary,
 )
 
@@ -139,24 +140,6 @@ def check_heads_inputs(Q, K, V, gates=None, state=None):
     if "z" in state:
         check_shape(state["z"], "the normaliser z", B=B, H=H, d_k=d_k)
     return B, H, T, d_k, d_v
-
-
-def check_x(x, layer):
-    """Raise ValueError unless x is (B, T, d) in the layer's width d and
-    dtype (those of its output projection)."""
-    weight = layer.out_proj.weight  # (d, d)
-    d = weight.shape[0]
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
-        raise ValueError(
-            f"{type(layer).__name__} takes x of shape (B, T, d = {d}), "
-            f"got {got}"
-        )
-    if x.dtype != weight.dtype:
-        raise ValueError(
-            f"x is {x.dtype}, the layer's weights are {weight.dtype}: "
-            f"convert one to the other"
-        )
 
 
 def check_batch(held, new, what="the cache"):
@@ -267,7 +250,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
-        check_x(x, self)
+        check_vectors("x", x, self.out_proj.weight, type(self).__name__)
         B, T, _ = x.shape
         H, d_h, d_R = self.H, self.d_h, self.d_R
         pos_q = next_positions(cache, T)
@@ -365,7 +348,7 @@ class CrossLayerAttention(RotarySelfAttention):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
-        check_x(x, self)
+        check_vectors("x", x, self.out_proj.weight, type(self).__name__)
         B, T, _ = x.shape
         pos_q = next_positions(cache, T)
         if self.source is None:
@@ -663,7 +646,7 @@ class LinearAttention(nn.Module):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
-        check_x(x, self)
+        check_vectors("x", x, self.out_proj.weight, type(self).__name__)
         B, T, _ = x.shape
         qkv = self.in_proj(x).view(B, T, 3, self.H, self.d_k)
         Q, K, V = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, d_k)
@@ -824,7 +807,7 @@ class SparseAttention(RotarySelfAttention):
 
     def forward(self, x, mask=None, cache=None):
         check_no_mask(mask)
-        check_x(x, self)
+        check_vectors("x", x, self.out_proj.weight, type(self).__name__)
         B, T, _ = x.shape
         pos_q = next_positions(cache, T)
         Q, K, V = self.heads(x, pos_q)

@@ -22,7 +22,45 @@ sys.path[:0] = [
 from build_site import RECORD, build  # noqa: E402
 from chapter_loader import BOOK, ROOT, load_chapter  # noqa: E402
 
-__all__ = ["BOOK", "ROOT", "load_chapter", "require_system_tool"]
+__all__ = [
+    "BOOK",
+    "ROOT",
+    "LazyChapter",
+    "load_chapter",
+    "require_system_tool",
+]
+
+
+class LazyChapter:
+    """A chapter loaded by load_chapter on its first use, for a test file
+    that names one at module level: every pytest-xdist worker imports every
+    test file to collect it, so a module-level load_chapter ran in each
+    worker, while only the one that runs the file needs it (chapters 10 to
+    13 cost 7.8 s of CPU per worker to load, measured once on 2026-12-07 on
+    the 2-core AMD EPYC at a load of 13). Reading, setting (monkeypatch) and
+    deleting an attribute reach the chapter's module itself."""
+
+    def __init__(self, filename):
+        object.__setattr__(self, "_filename", filename)
+        object.__setattr__(self, "_module", None)
+
+    def _load(self):
+        if self._module is None:
+            object.__setattr__(self, "_module", load_chapter(self._filename))
+        return self._module
+
+    def __getattr__(self, name):
+        # pytest looks for its own markers on every module-level name while
+        # collecting: those lookups must not load the chapter
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._load(), name)
+
+    def __setattr__(self, name, value):
+        setattr(self._load(), name, value)
+
+    def __delattr__(self, name):
+        delattr(self._load(), name)
 
 
 # Seconds each test scope (a notebook, a test file) took in the last
@@ -31,6 +69,17 @@ DURATIONS = Path(__file__).with_name("durations.json")
 # A scope not measured yet: a new chapter is likely among the longest, so it
 # starts early; a new test file is likely short.
 NEW_NOTEBOOK, NEW_TEST_FILE = 60.0, 5.0
+
+
+def toc_docs():
+    """The documents _toc.yml lists, in order (paths without a suffix)."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    docs = [toc["root"]]
+    for part in toc.get("parts", []):
+        docs += [chapter["file"] for chapter in part.get("chapters", [])]
+    return docs
 
 
 def scope_key(nodeid):

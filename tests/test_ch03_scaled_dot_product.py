@@ -243,6 +243,19 @@ def test_bad_shapes_raise(shapes, message):
         sdpa(Q, K, V)
 
 
+@pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
+def test_shape_check_names_what_has_no_shape(Q):
+    """check_qkv_shapes, printed in chapters 3 and 8, reads .shape: a list,
+    None or a float raised AttributeError (issue 47, fresh review F3)."""
+    K = torch.ones(3, 2)
+    with pytest.raises(
+        ValueError, match=r"Q must have shape \(\.\.\., T, size\)"
+    ):
+        attention.check_qkv_shapes(Q, K, K)
+    with pytest.raises(ValueError, match=r"V must have shape .* got float"):
+        attention.check_qkv_shapes(K, K, 2.0)
+
+
 @pytest.mark.parametrize(
     "mask, message",
     [
@@ -287,6 +300,23 @@ def test_mixed_devices_raise():
     Q, V = torch.ones(2, 4), torch.ones(3, 4)
     K = torch.ones(3, 4, device="meta")  # a second device on any machine
     with pytest.raises(ValueError, match=r"K is torch\.float32 on meta"):
+        sdpa(Q, K, V)
+
+
+def test_mask_on_another_device_raises():
+    """A mask on another device than Q was a RuntimeError from masked_fill
+    (fresh review of issue 47, round 2); now a ValueError naming both."""
+    Q, K, V = torch.ones(3, 4), torch.ones(3, 4), torch.ones(3, 4)
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        sdpa(Q, K, V, mask=mask)
+
+
+def test_meta_tensors_raise():
+    """Q, K and V on meta (shapes without values) were a RuntimeError from
+    the finiteness check; now a ValueError naming the device."""
+    Q, K, V = (torch.ones(3, 4, device="meta") for _ in range(3))
+    with pytest.raises(ValueError, match=r"^Q, K and V are on meta"):
         sdpa(Q, K, V)
 
 
@@ -435,3 +465,76 @@ def test_saturation_curve_refuses_no_multipliers(ch03):
     scores = torch.tensor([1.0, 0.0], dtype=torch.float64)
     with pytest.raises(ValueError, match="at least one multiplier"):
         ch03.saturation_curve(scores, [])
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: t.to(torch.float8_e4m3fn), r"torch\.float8_e4m3fn"),
+        (lambda t: t.to(torch.float8_e5m2), r"torch\.float8_e5m2"),
+        (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+        (lambda t: t.to_sparse_csr(), r"torch\.sparse_csr"),
+    ],
+)
+def test_float8_and_sparse_tensors_raise(make, named):
+    """float8 and sparse tensors passed is_floating_point() and then raised
+    NotImplementedError or RuntimeError (fresh review of issue 47, round 4, F4); the
+    shared check (attention.check_qkv_tensors) now names dtype and layout."""
+    Q, K, V = (make(torch.ones(3, 4)) for _ in range(3))
+    with pytest.raises(ValueError, match=rf"^Q is .*{named}.*strided layout"):
+        sdpa(Q, K, V)
+
+
+def test_nested_tensors_raise():
+    """A nested tensor reports the strided layout, passed the check and
+    raised NotImplementedError in the product; now a named ValueError."""
+    Q = torch.nested.nested_tensor([torch.ones(3, 4), torch.ones(3, 4)])
+    K = V = torch.ones(2, 3, 4)
+    with pytest.raises(ValueError, match=r"^Q is torch\.float32 \(nested\)"):
+        sdpa(Q, K, V)
+    with pytest.raises(ValueError, match=r"^K is torch\.float32 \(nested\)"):
+        sdpa(K, Q, V)
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda m: m.to_sparse(), r"torch\.sparse_coo"),
+        (lambda m: m[0].to_sparse_csr(), r"torch\.sparse_csr"),
+        (lambda m: torch.nested.nested_tensor(list(m)), "a nested tensor"),
+    ],
+)
+def test_sparse_and_nested_masks_raise(make, named):
+    """A sparse or nested boolean mask passed check_mask and raised
+    NotImplementedError in masked_fill (issue 47); now a named ValueError."""
+    Q, K, V = (torch.ones(2, 3, 4) for _ in range(3))
+    mask = make(torch.ones(2, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=rf"^mask must be a dense .*{named}"):
+        sdpa(Q, K, V, mask)
+
+
+def test_the_collapsed_cell_prints_every_check_and_the_prose_counts_them():
+    """The cell printed six checks and the prose said 'all six' while
+    scaled_dot_product_attention also calls check_scores_finite (fresh
+    review of issue 47, round 4): every check_ function of attention.py
+    is printed, and the prose's count is theirs."""
+    import ast
+    import json
+    import re
+
+    source = (BOOK / "attention.py").read_text()
+    checks = {
+        node.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("check_")
+    }
+    cells = json.loads((BOOK / NOTEBOOK).read_text())["cells"]
+    text = ["".join(cell["source"]) for cell in cells]
+    at = next(
+        i for i, t in enumerate(text) if "getsource(attention.check_" in t
+    )
+    printed = re.findall(r"getsource\(attention\.(check_\w+)\)", text[at])
+    assert sorted(printed) == sorted(checks)
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    prose = " ".join(" ".join(text[at - 3 : at]).split())  # one line
+    assert f"the collapsed cell prints all {words[len(checks)]}" in prose

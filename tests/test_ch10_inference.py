@@ -11,11 +11,11 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_chapter
+from conftest import LazyChapter
 from torch import nn
 from torch.testing import assert_close
 
-ch10 = load_chapter("10_inference.ipynb")
+ch10 = LazyChapter("10_inference.ipynb")
 import transformer  # noqa: E402  (book/, put on the path by the loader)
 
 

@@ -8,13 +8,13 @@ import random
 
 import pytest
 import torch
-from conftest import load_chapter
+from conftest import LazyChapter
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpt import GPT, Decoder
 
-ch11 = load_chapter("11_token_cost.ipynb")
-ch10 = load_chapter("10_inference.ipynb")  # its sizes and its work count
+ch11 = LazyChapter("11_token_cost.ipynb")
+ch10 = LazyChapter("10_inference.ipynb")  # its sizes and its work count
 
 
 def random_configs(count, seed=11):

@@ -8,12 +8,12 @@ formula's pieces against their configurations' arithmetic."""
 import measure  # tools/, on the path by tests/conftest.py
 import pytest
 import torch
-from chapter_loader import load_chapter
+from conftest import LazyChapter
 
 import variants as v
 from gpt import GPT
 
-ch12 = load_chapter("12_variants.ipynb")
+ch12 = LazyChapter("12_variants.ipynb")
 VOCAB = 65  # chapter 10's characters
 NAMES = [
     "mha",
@@ -169,3 +169,12 @@ def test_t_interval_and_t_quantile_refuse_what_is_not_a_number():
     for p in ("x", None, float("nan"), [0.975]):
         with pytest.raises(ValueError, match="0 < p < 1"):
             ch12.t_quantile(p, 1)
+
+
+@pytest.mark.parametrize("T", [0, -512, 2.5, True, None])
+def test_numbers_per_token_refuses_a_bad_length(T):
+    """A length that is not a whole number >= 1 is named in a ValueError
+    (it divided by zero, or returned negative numbers, for the window)."""
+    for name in ("window", "hybrid", "mha"):
+        with pytest.raises(ValueError, match="T must be a whole number"):
+            ch12.numbers_per_token(name, T)

@@ -15,12 +15,13 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from chapter_loader import BOOK, load_chapter
+from chapter_loader import BOOK
+from conftest import LazyChapter
 from torch.testing import assert_close
 
 import flash
 
-ch13 = load_chapter("13_tiled_backward.ipynb")
+ch13 = LazyChapter("13_tiled_backward.ipynb")
 
 
 @pytest.mark.parametrize(
@@ -92,6 +93,7 @@ def test_the_speed_legend_covers_no_marker():
     centre left, it hid the markers of the first line (issue 47); the
     names of the lines do not run into each other."""
     speed = pd.read_csv(BOOK / "data" / "bench_flash.csv")
+    speed = speed.query("run != 'previous'").copy()  # the three runs shown
     speed["mask"] = speed["causal"].map({False: "no mask", True: "causal"})
     fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
     ch13.draw_speed(ax, speed)
@@ -102,8 +104,28 @@ def test_the_speed_legend_covers_no_marker():
         for line in ax.lines
         for xy in line.get_xydata()
     ]
-    assert len(markers) == 2 * 6  # two runs of six lines
+    assert len(markers) == 3 * 6  # three runs of six lines
     assert not any(legend.contains(*xy) for xy in markers)
     labels = [t.get_window_extent() for t in ax.get_xticklabels()]
     assert all(a.x1 < b.x0 for a, b in itertools.pairwise(labels))  # apart
     plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "medians", [[0.68, 0.54, 0.58], [0.8, 0.8, 0.9], [1.2, 0.7, 0.95]]
+)
+def test_between_runs_equals_the_measuring_module(medians):
+    """The chapter's t interval over three runs (2 degrees of freedom, its
+    closed-form t*) against tools/measure.py's between_runs, and its
+    verdict against measure.verdict's."""
+    import measure
+
+    mean, lo, hi = ch13.between_runs(medians)
+    ref = measure.between_runs(medians)
+    assert abs(ch13.T_STAR - measure.t_quantile(0.975, 2)) < 1e-12
+    for got, key in ((mean, "mean"), (lo, "lo"), (hi, "hi")):
+        assert abs(got - ref[key]) < 1e-12, key
+    for target in (lo - 0.01, (lo + hi) / 2, hi + 0.01):
+        expected = measure.verdict(lo, hi, target)
+        got = ch13.verdict(lo, hi, target) or "cannot be told apart"
+        assert got == expected, target

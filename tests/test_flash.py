@@ -86,6 +86,31 @@ def test_fast_recomputes_only_the_row_blocks_that_need_it(monkeypatch):
     assert_close(got, naive(q, k, v), rtol=0, atol=1e-5)
 
 
+def test_the_lazy_lever_picks_the_path(monkeypatch):
+    """levers={"lazy": False}: every row block is computed once, with the
+    reference raised to each tile's maximum (fast_row's exact path), and
+    raise_reference runs once per tile; lazy (the default) never calls it
+    on scores within the margin."""
+    calls = count_fast_rows(monkeypatch)
+    raised, raise_reference = [], flash.raise_reference
+
+    def counting(*args):
+        raised.append(1)
+        return raise_reference(*args)
+
+    monkeypatch.setattr(flash, "raise_reference", counting)
+    q, k, v = qkv(64, d=8, batch=(2,), dtype=torch.float64)
+    exact = flash.fast_attention(
+        q, k, v, B_r=16, B_c=16, levers={"lazy": False}
+    )
+    assert calls == [False] * 4 and len(raised) == 16  # 4 x 4 tiles
+    calls.clear(), raised.clear()
+    lazy = flash.fast_attention(q, k, v, B_r=16, B_c=16)
+    assert calls == [True] * 4 and raised == []
+    assert_close(exact, lazy, rtol=0, atol=1e-12)
+    assert_close(exact, naive(q, k, v), rtol=0, atol=1e-12)
+
+
 # --- the fast tiled attention ---------------------------------------------------
 
 ALL_LEVERS = ["as set", "all on", "all off"] + [
@@ -254,7 +279,7 @@ def test_fast_rejects_bad_tensors():
         flash.fast_attention(q, k.clone().fill_(float("inf")), v)
     with pytest.raises(ValueError, match="one dtype"):
         flash.fast_attention(q, k.float(), v)
-    with pytest.raises(ValueError, match="torch tensors"):
+    with pytest.raises(ValueError, match="floating-point torch tensor"):
         flash.fast_attention(q, k, v.numpy())
 
 
@@ -459,7 +484,7 @@ def test_flash_attention_rejects_bad_tensors():
         flash.flash_attention(q, k.clone().fill_(float("nan")), v)
     with pytest.raises(ValueError, match="one dtype"):
         flash.flash_attention(q, k.float(), v)
-    with pytest.raises(ValueError, match="torch tensors"):
+    with pytest.raises(ValueError, match="floating-point torch tensor"):
         flash.flash_attention(q, k, v.numpy())
     with pytest.raises(ValueError, match="same size d_k"):
         flash.flash_attention(q, k[..., :4], v)
@@ -468,9 +493,12 @@ def test_flash_attention_rejects_bad_tensors():
 @pytest.mark.parametrize(
     "Q, message",
     [
-        (torch.randn(10), r"Q must have shape \(\.\.\., length, size\)"),
-        ([[1.0, 2.0]], "torch tensors"),
-        (None, "torch tensors"),
+        (
+            torch.randn(10, dtype=torch.float64),
+            r"Q must have shape \(\.\.\., T, size\)",
+        ),
+        ([[1.0, 2.0]], "floating-point torch tensor"),
+        (None, "floating-point torch tensor"),
     ],
 )
 def test_bottom_right_checks_the_tensors_before_reading_their_shapes(
@@ -520,6 +548,77 @@ def test_fast_attention_and_backward_refuse_d_k_zero():
         flash.flash_backward(q, k, v, C, lse, torch.ones_like(C))
 
 
+# --- review of the shared checks (issue 47, fresh review F2-F5) ---------------
+
+
+def flash_programs(q, k, v):
+    """flash_attention, fast_attention and flash_backward on q, k, v (the
+    backward with C, lse and dC of their shapes, on q's device)."""
+    C = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    return [
+        lambda: flash.flash_attention(q, k, v),
+        lambda: flash.fast_attention(q, k, v),
+        lambda: flash.flash_backward(q, k, v, C, lse, torch.ones_like(C)),
+    ]
+
+
+def test_programs_refuse_tensors_on_other_devices():
+    """K on the meta device raised RuntimeError (the forward) or
+    NotImplementedError (the backward); all three on it as well: the
+    buffers are on the CPU."""
+    q, k, v = qkv(5)
+    for run in flash_programs(q, k.to("meta"), v):
+        with pytest.raises(ValueError, match="one device"):
+            run()
+    meta = [t.to("meta") for t in (q, k, v)]
+    for run in flash_programs(*meta):
+        with pytest.raises(ValueError, match="on the CPU"):
+            run()
+    C, lse = flash.fast_attention(q, k, v, return_lse=True)
+    for i, name in enumerate(("C", "lse", "dC")):
+        args = [C, lse, torch.ones_like(C)]
+        args[i] = args[i].to("meta")
+        with pytest.raises(ValueError, match=f"{name} is .* on meta, Q is"):
+            flash.flash_backward(q, k, v, *args)
+
+
+@pytest.mark.parametrize("Q", [[[1.0, 2.0]], None, 1.5])
+def test_check_qkv_names_what_has_no_shape(Q):
+    """flash.check_qkv (NumPy arrays or tensors) raised AttributeError."""
+    _, k, v = qkv(3)
+    with pytest.raises(
+        ValueError, match=r"Q must have shape \(\.\.\., T, size\)"
+    ):
+        flash.check_qkv(Q, k, v)
+
+
+def test_no_query_and_no_key_is_refused():
+    """T_q = T_k = 0 passes the shared check (an empty result there); flash's
+    check_qkv refuses it: without that check flash_attention and
+    fast_attention raise RuntimeError, flash_backward returns empty
+    gradients."""
+    q, k, v = qkv(0, 0, d_v=5)
+    for run in flash_programs(q, k, v):
+        with pytest.raises(
+            ValueError, match="attention needs at least one key"
+        ):
+            run()
+
+
+def test_batches_that_only_broadcast_are_refused():
+    """Q (1, 4, 3) with K and V (2, 4, 3) broadcast, but the programs
+    reshape to one batch-and-heads axis: same_batch=True refuses them."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 3, generator=gen, dtype=torch.float64)
+    k, v = (
+        torch.randn(2, 4, 3, generator=gen, dtype=torch.float64) for _ in "kv"
+    )
+    for run in flash_programs(q, k, v):
+        with pytest.raises(ValueError, match="mismatched batches"):
+            run()
+
+
 def backward_inputs(T=9):
     q, k, v = qkv(T, d_v=5)
     C, lse = flash.fast_attention(q, k, v, return_lse=True)
@@ -532,12 +631,12 @@ def test_flash_backward_refuses_bad_inputs():
         ((q, k, v, C[..., :4], lse, dC), r"C must have shape \(2, 3, 9, 5\)"),
         ((q, k, v, C, lse[..., :8], dC), r"lse must have shape \(2, 3, 9\)"),
         ((q, k, v, C, lse, dC[:1]), r"dC must have shape"),
-        ((q, k, v, C, lse, dC.float()), "dC is torch.float32, Q is"),
+        ((q, k, v, C, lse, dC.float()), "dC is torch.float32 on cpu, Q is"),
         ((q, k, v, C, lse.float(), dC), "lse is torch.float32"),
         ((q, k, v, C, lse, dC.numpy()), "dC must be a torch tensor"),
         ((q, k[..., :4], v, C, lse, dC), "same size d_k"),
         ((q, k.float(), v, C, lse, dC), "one dtype"),
-        ((q.long(), k.long(), v.long(), C, lse, dC), "floating point"),
+        ((q.long(), k.long(), v.long(), C, lse, dC), "floating-point"),
     ]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -576,11 +675,22 @@ def test_tile_schedule_refuses_bad_lengths_and_masks():
 
 
 def test_choose_tile_and_saved_bytes_refuse_bad_arguments():
-    for medians in ([((64, 64), 0.9)], {64: 0.9}, {(64, 0): 0.9}):
-        with pytest.raises(ValueError, match="medians"):
-            flash.choose_tile(medians)
-    with pytest.raises(ValueError, match="positive number"):
-        flash.choose_tile({(64, 64): "0.9"})
+    one = {(64, 64): (0.9, 0.8, 0.95)}
+    for intervals in (
+        [((64, 64), (0.9, 0.8, 0.95))],
+        {64: 0.9},
+        {(64, 0): 0.9},
+    ):
+        with pytest.raises(ValueError, match="intervals"):
+            flash.choose_tile(intervals, [64, 64])
+    for value in ("0.9", (0.9, 0.8), (0.9, float("nan"), 1.0), 0.9):
+        with pytest.raises(ValueError, match="three positive numbers"):
+            flash.choose_tile({(64, 64): value}, [64, 64])
+    with pytest.raises(ValueError, match="must hold its median"):
+        flash.choose_tile({(64, 64): (0.9, 0.95, 0.99)}, [64, 64])
+    for current in ([64, 128], 64, None, [[64], 64]):
+        with pytest.raises(ValueError, match="not in the sweep"):
+            flash.choose_tile(one, current)
     with pytest.raises(ValueError, match="fn must be a function"):
         flash.saved_bytes(torch.ones(3))
 
@@ -732,19 +842,39 @@ def test_no_second_derivative():
         dq.sum().backward()
 
 
-def test_choose_tile_takes_the_smallest_buffer_near_the_best():
-    """The rule: within 0.01 of the best median, the smallest B_r B_c."""
-    sweep = {(512, 512): 0.923, (512, 1024): 0.911, (512, 256): 0.915,
-             (256, 256): 0.905, (64, 2048): 0.90}  # fmt: skip
-    assert flash.choose_tile(sweep) == [512, 256]  # 0.915 >= 0.913
-    assert flash.choose_tile(sweep, within=0.005) == [512, 512]
-    assert flash.choose_tile(sweep, within=0.02) == [256, 256]
-    tie = {(256, 512): 0.80, (512, 256): 0.81}
-    assert flash.choose_tile(tie) == [512, 256]  # same size: higher median
+def test_choose_tile_keeps_the_current_tile_unless_measurably_slower():
+    """The rule: the current tile stays while its interval overlaps the
+    best median's interval; only a tile whose interval lies entirely below
+    the best's gives way, to the tile with the best median."""
+    sweep = {
+        (256, 256): (0.81, 0.72, 0.84),  # the best median
+        (512, 256): (0.72, 0.67, 0.82),
+        (512, 512): (0.70, 0.60, 0.86),  # the highest upper end
+        (64, 1024): (0.66, 0.55, 0.75),  # overlaps, below the best median
+        (64, 512): (0.64, 0.58, 0.72),  # touches the best's lower end
+        (64, 2048): (0.64, 0.57, 0.66),  # entirely below: slower
+    }
+    for kept in ([512, 256], (512, 512), [64, 1024], [64, 512], [256, 256]):
+        assert flash.choose_tile(sweep, kept) == list(kept)
+    assert flash.choose_tile(sweep, [64, 2048]) == [256, 256]
+    del sweep[(256, 256)]  # now (512, 256) has the best median, 0.72
+    assert flash.choose_tile(sweep, [64, 2048]) == [512, 256]
     with pytest.raises(ValueError, match="no tile"):
-        flash.choose_tile({})
-    with pytest.raises(ValueError, match="positive number"):
-        flash.choose_tile({(64, 64): float("nan")})
+        flash.choose_tile({}, [64, 64])
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_flash_backward_refuses_non_finite_q_k_v(name, bad):
+    """A NaN or an infinity in Q, K or V gave NaN gradients without an
+    error (fresh review of issue 47, round 2); now a ValueError naming the
+    tensor (a check for NaN alone would let +inf and -inf through)."""
+    q, k, v, C, lse, dC = backward_inputs()
+    tensors = {"Q": q, "K": k, "V": v}
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[3] = bad
+    with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
+        flash.flash_backward(*tensors.values(), C, lse, dC)
 
 
 @pytest.mark.parametrize("name", ["C", "lse", "dC"])
@@ -758,15 +888,3 @@ def test_flash_backward_refuses_non_finite_c_lse_dc(name, bad):
     tensors[name].view(-1)[3] = bad
     with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
         flash.flash_backward(q, k, v, *tensors.values())
-
-
-@pytest.mark.parametrize(
-    "within", ["a", float("nan"), -0.01, float("inf"), True]
-)
-def test_choose_tile_refuses_a_bad_window(within):
-    """within must be a finite number >= 0: not a TypeError for a string,
-    nor min()'s 'empty sequence' for NaN or a negative window."""
-    sweep = {(256, 256): 0.9, (512, 256): 0.91}
-    with pytest.raises(ValueError, match="within must be a finite number"):
-        flash.choose_tile(sweep, within=within)
-    assert flash.choose_tile(sweep, within=0) == [512, 256]  # no tie

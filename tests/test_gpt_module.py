@@ -6,6 +6,8 @@ a query may need and for the model's logits; crop refuses what it cannot
 do; `nbytes()` and `capacity` count what the tensors hold; positions per
 batch row give each row its own mask."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import BOOK
@@ -313,8 +315,8 @@ def ones(*shape, dtype=f32):
             None,
             "one dtype",
         ),
-        (ones(2, 3, 4), ones(2, 3, 5), ones(2, 3, 4), None, "do not fit"),
-        (ones(2, 3, 4), ones(2, 3, 4), ones(2, 2, 4), None, "do not fit"),
+        (ones(2, 3, 4), ones(2, 3, 5), ones(2, 3, 4), None, "d_k: Q has 4"),
+        (ones(2, 3, 4), ones(2, 3, 4), ones(2, 2, 4), None, "K has 3 rows, V"),
         (
             ones(2, 3, 4),
             ones(2, 0, 4),
@@ -323,8 +325,8 @@ def ones(*shape, dtype=f32):
             "at least one key",
         ),
         (ones(2, 3, 4), ones(3, 3, 4), ones(3, 3, 4), None, "batch axes"),
-        (ones(4), ones(3, 4), ones(3, 4), None, r"Q must be \(\.\.\., T"),
-        ([[1.0]], ones(1, 1), ones(1, 1), None, "floating-point tensor"),
+        (ones(4), ones(3, 4), ones(3, 4), None, "Q must have shape"),
+        ([[1.0]], ones(1, 1), ones(1, 1), None, "floating-point torch tensor"),
         (ones(2, 3, 4).long(), ones(2, 3, 4), ones(2, 3, 4), None, "floating"),
         (ones(2, 3, 4), ones(2, 3, 4), ones(2, 3, 4), ones(2, 2), "boolean"),
         (
@@ -346,6 +348,26 @@ def ones(*shape, dtype=f32):
 def test_attend_names_bad_inputs(Q, K, V, mask, message):
     with pytest.raises(ValueError, match=message):
         transformer.attend(Q, K, V, mask)
+
+
+@pytest.mark.parametrize("rows_checked", [False, True])
+def test_attend_refuses_a_mask_on_another_device(rows_checked):
+    """A mask on another device than Q was a RuntimeError (from the row
+    check or masked_fill; fresh review of issue 47, round 2)."""
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        transformer.attend(
+            ones(3, 4), ones(3, 4), ones(3, 4), mask, rows_checked
+        )
+
+
+def test_self_attention_refuses_a_mask_on_another_device():
+    """Causal, so that the layer's own check (check_call) is what raises:
+    without it, `mask & allowed` would mix devices before `attend` checks."""
+    layer = transformer.SelfAttention(8, 2, causal=True)
+    mask = torch.ones(5, 5, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, Q on cpu$"):
+        layer(ones(2, 5, 8), mask)
 
 
 def test_attend_refuses_d_k_zero_and_a_query_without_key():
@@ -704,3 +726,240 @@ def test_training_functions_name_bad_input(call, message):
 
 
 X = torch.arange(24).view(4, 6) % VOCAB  # validation_loss's x and y
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: transformer.SelfAttention(8, 2, causal=True),
+        lambda: transformer.SelfAttention(8, 2, causal=True, w=2),
+        lambda: transformer.RotarySelfAttention(8, 2, causal=True),
+        lambda: transformer.DecoderBlock(8, 2, 16),
+    ],
+)
+def test_causal_layers_build_their_mask_on_the_inputs_device(make):
+    """A causal layer built its mask (and rotary angles) on the CPU, so on
+    any other device its inputs met 'mask is on cpu, Q on meta' (fresh
+    review of issue 47, round 4, F1). On meta (shapes, no values: the
+    book runs on the CPU) the layer now reaches attend, which refuses meta
+    by name (F3)."""
+    layer = make().to("meta")
+    x = torch.ones(2, 5, 8, device="meta")
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        layer(x)
+
+
+def test_attend_refuses_meta_tensors():
+    """attend returned meta tensors for Q, K, V on meta (F3)."""
+    Q = torch.ones(2, 3, 4, device="meta")
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        transformer.attend(Q, Q, Q)
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        transformer.attend(Q, Q, Q, rows_checked=True)  # a layer's own call
+
+
+@pytest.mark.parametrize("backend", ["flash", "sdpa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_backends_refuse_meta_by_name(backend, causal):
+    """On meta, the flash and sdpa backends compared x's positions with a
+    CPU arange: NotImplementedError from aten::equal (fresh review of
+    issue 47's input checks, item 7). They refuse meta by name, as attend."""
+    layer = transformer.SelfAttention(8, 2, causal=causal, backend=backend)
+    x = torch.ones(2, 5, 8, device="meta")
+    with pytest.raises(ValueError, match=r"^Q is on meta: attention needs"):
+        layer.to("meta")(x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_attend_backend_causal_or_cached_passes_non_finite_x_through(bad):
+    """With the default `attend` backend: attend's docstring said
+    rows_checked=True skips the value checks because Q, K and V come from
+    the layer's projections; a causal or cached layer given NaN x returned
+    NaN without an error (item 5). A check per call would add ATen
+    operations to chapter 10's count (196), so the docstring says so; a
+    non-causal uncached call refuses it. (The other backends differ: sdpa
+    passes non-finite x through causal or not; flash refuses it.)"""
+    x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
+    x[0, 1, 2] = bad
+    with pytest.raises(ValueError, match=r"^Q contains NaN or infinite"):
+        transformer.SelfAttention(8, 2)(x)
+    causal = transformer.SelfAttention(8, 2, causal=True)
+    for out, _ in (
+        causal(x),
+        transformer.SelfAttention(8, 2)(x, cache=KVCache()),
+    ):
+        assert not out.isfinite().all()  # no error: NaN or inf passed on
+    assert "returns NaN or infinite outputs without an error" in " ".join(
+        transformer.attend.__doc__.split()
+    )
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: t.to(torch.float8_e4m3fn), r"torch\.float8_e4m3fn"),
+        (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+    ],
+)
+def test_attend_refuses_float8_and_sparse(make, named):
+    """They passed is_floating_point() and raised NotImplementedError (F4)."""
+    Q, K, V = (make(ones(3, 4)) for _ in range(3))
+    with pytest.raises(ValueError, match=rf"^Q is .*{named}.*strided layout"):
+        transformer.attend(Q, K, V)
+
+
+def test_attend_refuses_float16_scores_that_overflow():
+    """Finite float16 Q and K whose scores overflow (300 * 300 * 8 = 720,000
+    > 65,504) gave NaN outputs without an error (issue 47, s6 item 1); a
+    masked-out overflow is no error. A layer's own call skips the check."""
+    Q = torch.full((1, 2, 8), 300.0, dtype=torch.float16)
+    V = torch.ones(1, 2, 8, dtype=torch.float16)
+    with pytest.raises(
+        ValueError, match=r"^a score .* overflowed torch\.float16"
+    ):
+        transformer.attend(Q, Q, V)
+    small = Q.clone()
+    small[0, 0] = 1.0  # only query 1's score of key 1 overflows
+    with pytest.raises(ValueError, match=r"overflowed torch\.float16"):
+        transformer.attend(small, small, V)
+    hide = torch.tensor([[True, True], [True, False]])  # hides that score
+    out, _ = transformer.attend(small, small, V, hide)
+    assert out.isfinite().all()
+    out, _ = transformer.attend(Q, Q, V, rows_checked=True)
+    assert not out.isfinite().all()  # a layer's call: no check, NaN
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_attend_refuses_non_finite_q_k_v(name, bad):
+    """A NaN or an infinity in Q, K or V gave NaN or infinite outputs
+    without an error (F5; chapter 3's function refuses them). A layer's own call
+    (rows_checked=True) skips the check: chapters 10-12 count its ATen
+    operations."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = {n: torch.randn(2, 3, 4, generator=gen) for n in "QKV"}
+    tensors[name][1, 2, 3] = bad
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=f"^{name} contains NaN or infinite"):
+        transformer.attend(*tensors.values(), mask)
+
+
+def test_combine_masks_refuses_masks_on_another_device():
+    """A mask or padding mask on another device than x was a RuntimeError
+    from `allowed & mask` (F2)."""
+    x = ones(2, 3, 8)
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    padding = torch.ones(2, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^mask is on meta, x on cpu$"):
+        transformer.combine_masks(x, mask, None)
+    with pytest.raises(
+        ValueError, match=r"^padding_mask is on meta, x on cpu"
+    ):
+        transformer.combine_masks(x, None, padding)
+    with pytest.raises(ValueError, match=r"^mask is on meta, x on cpu$"):
+        transformer.EncoderBlock(8, 2, 16)(x, mask)
+
+
+def test_rotary_refuses_positions_on_another_device():
+    """Positions on another device than x were a RuntimeError (F2)."""
+    positions = torch.arange(3, device="meta")
+    with pytest.raises(ValueError, match=r"^positions are on meta, x on cpu"):
+        transformer.rotary(ones(2, 3, 4), positions)
+    x = torch.ones(2, 3, 4, device="meta")  # default positions: x's device
+    assert transformer.rotary(x).shape == (2, 3, 4)
+
+
+# --- issue 47, s6: sparse or nested masks and x, float8 dtypes -------------
+
+
+def nested(t):
+    """t's rows as a nested tensor (torch warns: a prototype API)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(list(t))
+
+
+NOT_DENSE = [
+    (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+    (lambda t: t.to_sparse_csr(), r"torch\.sparse_csr"),
+    (nested, "a nested tensor"),
+]
+
+
+@pytest.mark.parametrize("make, named", NOT_DENSE)
+def test_masks_and_x_must_be_dense(make, named):
+    """A sparse or nested mask, padding mask or x passed the checks and then
+    raised NotImplementedError or RuntimeError ('NestedTensorImpl doesn't
+    support sizes') (issue 47, s6 item 2)."""
+    x, Q = ones(2, 3, 8), ones(2, 3, 4)
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    padding = torch.ones(2, 3, dtype=torch.bool)
+    positions = torch.arange(3)[None]  # (1, T): CSR and nested need rows
+    calls = [
+        ("mask", lambda: transformer.attend(Q, Q, Q, make(mask))),
+        ("mask", lambda: transformer.combine_masks(x, make(mask), None)),
+        (
+            "padding_mask",
+            lambda: transformer.combine_masks(x, None, make(padding)),
+        ),
+        ("mask", lambda: transformer.SelfAttention(8, 2)(x, make(mask))),
+        ("x", lambda: transformer.SelfAttention(8, 2, causal=True)(make(x))),
+        ("x", lambda: transformer.EncoderBlock(8, 2, 16)(make(x))),
+        ("x", lambda: transformer.rotary(make(Q))),
+        ("positions", lambda: transformer.rotary(Q, make(positions))),
+    ]
+    for name, call in calls:
+        with pytest.raises(
+            ValueError,
+            match=rf"^{name} must be a dense \(strided\) tensor, got {named}$",
+        ):
+            call()
+
+
+def test_one_dimensional_sparse_positions_are_refused():
+    """A 1-D sparse COO positions tensor raised NotImplementedError
+    (aten::cos on SparseCPU) from rotary."""
+    with pytest.raises(ValueError, match=r"^positions must be a dense"):
+        transformer.rotary(ones(2, 3, 4), torch.arange(3).to_sparse())
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_position_functions_refuse_float8(dtype):
+    """frequencies, sinusoidal_encoding and rotary took a float8 dtype and
+    raised NotImplementedError ('arange_cpu' not implemented) (issue 47, s6
+    item 3)."""
+    named = r"float16, bfloat16, float32 or float64\), got torch\.float8"
+    with pytest.raises(ValueError, match=rf"^dtype must be .*{named}"):
+        transformer.frequencies(8, dtype)
+    with pytest.raises(ValueError, match=rf"^dtype must be .*{named}"):
+        transformer.sinusoidal_encoding(3, 8, dtype)
+    with pytest.raises(ValueError, match=rf"^x's dtype must be .*{named}"):
+        transformer.rotary(ones(3, 8).to(dtype))
+
+
+def test_one_input_check_for_every_layer():
+    """transformer.check_input, seq2seq.check_vectors and variants.check_x
+    repeated one check (issue 47, s6 item 4): one function now, and a
+    variant's layer refuses x on another device by name like the others
+    (it raised a RuntimeError from its first product)."""
+    import seq2seq
+    import variants
+
+    assert seq2seq.check_vectors is transformer.check_vectors
+    assert variants.check_vectors is transformer.check_vectors
+    assert not hasattr(variants, "check_x") and not hasattr(
+        transformer, "check_input"
+    )
+    x = torch.ones(2, 3, 8, device="meta")
+    layers = [
+        transformer.SelfAttention(8, 2),
+        transformer.EncoderBlock(8, 2, 16),
+        seq2seq.AlibiSelfAttention(8, 2),
+        variants.LinearAttention(8, 2),
+        variants.MultiHeadLatentAttention(8, 2, 4, 2),
+    ]
+    for layer in layers:
+        with pytest.raises(
+            ValueError, match=r"^x is on meta, the layer's weights on cpu$"
+        ):
+            layer(x)

@@ -18,7 +18,7 @@ import sys
 import nbformat
 import pytest
 import yaml
-from conftest import ROOT, require_system_tool
+from conftest import ROOT, require_system_tool, toc_docs
 
 sys.path.insert(0, str(ROOT / "tools" / "build"))
 import build_pdf
@@ -26,10 +26,7 @@ import site_browser
 
 
 def toc_documents():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    docs = [toc["root"]]
-    for part in toc.get("parts", []):
-        docs += [chapter["file"] for chapter in part.get("chapters", [])]
+    docs = toc_docs()
     return [
         next(ROOT.glob(f"{d}.*")) for d in docs if any(ROOT.glob(f"{d}.*"))
     ]
@@ -136,6 +133,21 @@ def test_every_chapter_title_in_order(pdf):
     pages = record["pages"]
     assert all(isinstance(p, int) for p in pages), pages
     assert pages == sorted(pages) and pages[0] >= 3 and pages[-1] <= len(texts)
+
+
+def test_contents_page_shows_each_chapters_page_number(pdf):
+    """The page numbers stamped onto the contents page (build_pdf's
+    stamp_contents_page, after the book is printed) are the pages where the
+    chapters start."""
+    _, texts = pdf
+    record = json.loads(build_pdf.PDF.with_suffix(".json").read_text())
+    shown = collections.Counter(
+        re.findall(r"(?<![\w.])\d+(?![\w.])", texts[1])
+    )
+    wanted = collections.Counter(str(n) for n in record["pages"])
+    assert not wanted - shown, (
+        f"missing on the contents page: {wanted - shown}"
+    )
 
 
 def stored_figures():

@@ -17,6 +17,7 @@ independent references:
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -102,21 +103,47 @@ def test_alibi_bias_bad_input():
     assert alibi_bias(4, pos[:0], pos).shape == (4, 0, 3)  # no query
 
 
+def test_attend_biased_refuses_mask_or_bias_on_another_device():
+    """A mask or bias on another device than Q was a RuntimeError (fresh
+    review of issue 47, round 2); now a ValueError naming both devices."""
+    Q, K, V = qkv()
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^mask is on meta, Q on cpu$", attend_biased, Q, K, V, mask)
+    raises("^bias is on meta, Q on cpu$", attend_biased, Q, K, V, None, bias)
+    # causal: its own check raises, else `mask & allowed` mixes devices
+    layer = seq2seq.AlibiSelfAttention(8, 2, causal=True)
+    square = torch.ones(5, 5, dtype=torch.bool, device="meta")
+    raises("^mask is on meta, Q on cpu$", layer, torch.ones(2, 5, 8), square)
+
+
 def test_attend_biased_bad_input():
     Q, K, V = qkv()
     bias = torch.zeros(3, 4, 5, dtype=torch.float64)
-    raises("mixed dtypes: Q", attend_biased, Q.float(), K, V)
-    raises("mixed dtypes: Q", attend_biased, Q, K, V.float())
+    raises(
+        "K is torch.float64 on cpu, Q is torch.float32",
+        attend_biased,
+        Q.float(),
+        K,
+        V,
+    )
+    raises(
+        "V is torch.float32 on cpu, Q is torch.float64",
+        attend_biased,
+        Q,
+        K,
+        V.float(),
+    )
     raises("mixed dtypes: Q", attend_biased, Q, K, V, None, bias.float())
     raises("mismatched batches", attend_biased, Q[:1], K, V)
     raises("mismatched batches", attend_biased, Q, K[:, :2], V)
+    raises("same size d_k: Q has 8, K has 4", attend_biased, Q, K[..., :4], V)
+    raises("K has 5 rows, V has 4", attend_biased, Q, K, V[:, :, :4])
     raises(
-        "queries of size 8, keys of size 4", attend_biased, Q, K[..., :4], V
+        "at least one key for its", attend_biased, Q, K[:, :, :0], V[:, :, :0]
     )
-    raises("5 keys but 4 values", attend_biased, Q, K, V[:, :, :4])
-    raises("empty key sequence", attend_biased, Q, K[:, :, :0], V[:, :, :0])
     raises("got d_k = 0", attend_biased, Q[..., :0], K[..., :0], V, None, bias)
-    raises("float tensor", attend_biased, Q.long(), K, V)
+    raises("Q must be a floating-point", attend_biased, Q.long(), K, V)
     raises("bias must be", attend_biased, Q, K, V, None, bias[..., :4])
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 5))
     raises("mask must be", attend_biased, Q, K, V, torch.ones(4, 6).bool())
@@ -132,7 +159,7 @@ def test_alibi_self_attention_bad_input():
     x = random(2, 5, 16)
     raises("mixed dtypes: x", attention, x.float())
     raises("x has 8 features", attention, x[..., :8])
-    raises("float tensor", attention, x[0])
+    raises(r"x must have shape \(B, T, 16\)", attention, x[0])
     raises("cache must be", attention, x, None, "cache")
     raises("mask must be", attention, x, torch.ones(5, 5))  # float
     raises("mask must be", attention, x, torch.ones(4, 4).bool())
@@ -177,7 +204,12 @@ def test_cross_attention_bad_input():
     raises("kv must be the pair", attention, x, kv[0])
     raises("kv must be the pair", attention, x, (kv[0], "V"))
     raises("K and V differ", attention, x, (kv[0], kv[1][:, :, :4]))
-    raises("mixed dtypes: Q", attention, x, (kv[0].float(), kv[1].float()))
+    raises(
+        "K is torch.float32 on cpu, Q is torch.float64",
+        attention,
+        x,
+        (kv[0].float(), kv[1].float()),
+    )
     raises(
         "no key", attention, x, kv, torch.zeros(2, 1, 1, 5, dtype=torch.bool)
     )
@@ -196,7 +228,9 @@ def test_decoder_block_bad_input():
     raises("memory must be a float tensor", block, x, memory[0])
     K, V = block.cross_attn.keys_values(memory)
     raises("empty source", block, x, (K[:, :, :0], V[:, :, :0]))
-    raises("cache must be", block, x, memory, None, None, "cache")
+    raises(
+        "cache must be a Cache or None", block, x, memory, None, None, "cache"
+    )
     raises("memory_mask must be a boolean", block, x, memory, torch.ones(2, 5))
     raises("target mask", block, x, memory, None, torch.ones(3, 3))
     with torch.no_grad():
@@ -1106,3 +1140,175 @@ def test_only_merges_into_the_stored_results(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="other settings"):  # other steps
         tool.main(["--steps", "3", "--out", str(tmp_path), "--only", "none"])
     assert not (tmp_path / "seq2seq" / "none.pt").exists()
+
+
+def test_alibi_layers_build_their_bias_on_the_inputs_device():
+    """AlibiSelfAttention built positions, mask and bias on the CPU: on
+    meta it raised 'bias is on cpu, Q on meta' (fresh review of issue 47,
+    round 4, F1); now it reaches attend_biased, which refuses meta (F3)."""
+    for causal in (True, False):
+        layer = seq2seq.AlibiSelfAttention(8, 2, causal=causal).to("meta")
+        x = torch.ones(2, 5, 8, device="meta")
+        raises("^Q is on meta: attention needs values", layer, x)
+    pos = torch.arange(3)
+    raises(
+        "^pos_q is on meta, pos_k on cpu", alibi_bias, 2, pos.to("meta"), pos
+    )
+
+
+def test_attend_biased_refuses_meta_float8_and_sparse():
+    """attend_biased returned meta tensors for Q, K, V on meta (F3); float8
+    and sparse tensors raised NotImplementedError (F4)."""
+    Q, K, V = (t.to("meta") for t in qkv())
+    raises("^Q is on meta: attention needs values", attend_biased, Q, K, V)
+    bias = torch.zeros(4, 5, dtype=torch.float64, device="meta")
+    raises("^Q is on meta", attend_biased, Q, K, V, None, bias)
+    mask = torch.ones(4, 5, dtype=torch.bool, device="meta")
+    raises("^Q is on meta", attend_biased, Q, K, V, mask)
+    Q, K, V = (t.to(torch.float8_e5m2) for t in qkv())
+    raises(r"^Q is torch\.float8_e5m2 .*strided", attend_biased, Q, K, V)
+    Q, K, V = (t[0, 0].to_sparse() for t in qkv())
+    raises(r"^Q is .*sparse_coo.*strided", attend_biased, Q, K, V)
+
+
+def test_attend_biased_refuses_float16_scores_that_overflow():
+    """Finite float16 Q and K whose scores overflow float16 (300 * 300 * 8 =
+    720,000 > 65,504) gave NaN outputs without an error (issue 47, s6
+    item 1), with a bias or without."""
+    Q = torch.full((1, 2, 8), 300.0, dtype=torch.float16)
+    V = torch.ones(1, 2, 8, dtype=torch.float16)
+    bias = torch.zeros(2, 2, dtype=torch.float16)
+    overflow = r"^a score .* overflowed torch\.float16"
+    raises(overflow, attend_biased, Q, Q, V, None, bias)
+    raises(overflow, attend_biased, Q, Q, V)
+    small = Q / 100  # scores 72 / sqrt(8): they fit
+    out, _ = attend_biased(small, small, V, None, bias)
+    assert out.isfinite().all()
+    # scores of 20 that fit, and a bias of 65,504 that makes them overflow:
+    # the message names the bias (it named Q K^T alone)
+    one = torch.ones(1, 2, 4, dtype=torch.float16)
+    big = torch.full((2, 2), 65504.0, dtype=torch.float16)
+    raises(
+        r"^a score Q K\^T / sqrt\(d_k\) \+ bias overflowed torch\.float16",
+        attend_biased,
+        one,
+        10 * one,
+        one,
+        None,
+        big,
+    )
+    # the product alone overflows (scores 28,284 after the division would
+    # fit): the message names Q K^T, not the bias, whatever the bias
+    hundred = torch.full((1, 2, 8), 100.0, dtype=torch.float16)
+    for b in (0.0, -60000.0):
+        raises(
+            r"^a score Q K\^T / sqrt\(d_k\) or its product Q K\^T overflowed",
+            attend_biased,
+            hundred,
+            hundred,
+            V,
+            None,
+            torch.full_like(bias, b),
+        )
+    # a 1-D sparse position tensor (RuntimeError: add(sparse, dense))
+    pos = torch.arange(3)
+    raises(r"^pos_q must be a dense", alibi_bias, 2, pos.to_sparse(), pos)
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V", "bias"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_attend_biased_refuses_non_finite_inputs(name, bad):
+    """A NaN or infinite Q, K or bias could give NaN weights, and one in V
+    NaN or infinite outputs, without an error (F5): a bias row of -inf
+    leaves a query no key (mask it instead)."""
+    Q, K, V = qkv()
+    tensors = {"Q": Q, "K": K, "V": V, "bias": torch.zeros(4, 5).double()}
+    tensors[name].view(-1)[7] = bad
+    Q, K, V, bias = tensors.values()
+    raises(
+        f"^{name} contains NaN or infinite", attend_biased, Q, K, V, None, bias
+    )
+    if name != "bias":  # without a bias: attend's check
+        raises(f"^{name} contains NaN or infinite", attend_biased, Q, K, V)
+
+
+def test_attend_biased_refuses_a_bias_row_of_minus_inf():
+    Q, K, V = qkv()
+    bias = torch.zeros(4, 5, dtype=torch.float64)
+    bias[2] = float("-inf")  # query 2 sees no key: its softmax is 0 / 0
+    raises(
+        "^bias contains NaN or infinite", attend_biased, Q, K, V, None, bias
+    )
+
+
+def test_layers_refuse_inputs_on_another_device_than_their_weights():
+    """x or memory on another device than the weights, or a memory_mask on
+    another device than x, were RuntimeErrors (F2)."""
+    x, meta = torch.ones(2, 5, 8), torch.ones(2, 5, 8, device="meta")
+    cross = seq2seq.CrossAttention(8, 2)
+    raises(
+        "^memory is on meta, the layer's weights on cpu",
+        cross.keys_values,
+        meta,
+    )
+    kv = cross.keys_values(x)
+    raises("^x is on meta, the layer's weights on cpu", cross, meta, kv)
+    block = seq2seq.CrossDecoderBlock(8, 2, 16)
+    raises("^memory is on meta, the layer's weights", block, x, meta)
+    raises("^x is on meta, the layer's weights", block, meta, x)
+    memory_mask = torch.ones(2, 5, dtype=torch.bool, device="meta")
+    raises("^memory_mask is on meta, x on cpu$", block, x, x, memory_mask)
+    alibi = seq2seq.AlibiSelfAttention(8, 2)
+    raises("^x is on meta, the layer's weights on cpu", alibi, meta)
+
+
+# --- issue 47, s6: sparse or nested masks, biases and x; float8 dtypes ------
+
+
+def nested(t):
+    """t's rows as a nested tensor (torch warns: a prototype API)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(list(t))
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: t.to_sparse(), r"torch\.sparse_coo"),
+        (lambda t: t.to_sparse_csr(), r"torch\.sparse_csr"),
+        (nested, "a nested tensor"),
+    ],
+)
+def test_masks_biases_and_x_must_be_dense(make, named):
+    """A sparse or nested mask, bias or x passed the checks and then raised
+    NotImplementedError or RuntimeError (issue 47, s6 item 2)."""
+    Q, K, V = qkv(T_k=4)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    bias = torch.zeros(4, 4, dtype=torch.float64)
+    x = torch.ones(2, 4, 8, dtype=torch.float64)
+    alibi = seq2seq.AlibiSelfAttention(8, 2).double()
+    pos = torch.arange(4)
+    calls = [
+        ("mask", lambda: attend_biased(Q, K, V, make(mask))),
+        ("mask", lambda: attend_biased(Q, K, V, make(mask), bias)),
+        ("bias", lambda: attend_biased(Q, K, V, None, make(bias))),
+        ("x", lambda: alibi(make(x))),
+        ("mask", lambda: alibi(x, make(mask))),
+        ("pos_q", lambda: alibi_bias(2, make(pos[None]), pos)),  # (1, T)
+        ("pos_k", lambda: alibi_bias(2, pos, make(pos[None]))),
+    ]
+    for name, call in calls:
+        raises(
+            rf"^{name} must be a dense \(strided\) tensor, got {named}$", call
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_alibi_refuses_float8(dtype):
+    """alibi_bias took a float8 dtype and raised NotImplementedError
+    ('neg_cpu'); alibi_slopes returned float8 slopes (issue 47, s6 item 3)."""
+    named = r"float16, bfloat16, float32 or float64\), got torch\.float8"
+    pos = torch.arange(3)
+    raises(rf"^dtype must be .*{named}", alibi_bias, 2, pos, pos, dtype)
+    raises(rf"^dtype must be .*{named}", alibi_slopes, 2, dtype)

@@ -118,23 +118,32 @@ def plot_from_csv(csv, png):
 
 def print_closing_ratios(df, with_memory):
     """At the largest T: each tiled version's throughput against the fused
-    kernel's (by median and by fastest call), and the fast version's peak
-    extra memory against the naive program's."""
+    kernel's, as the ratio of median times with the bounds the two 95 %
+    intervals allow and their verdict, and the fast version's peak extra
+    memory against the naive program's (single readings, no interval)."""
     T = df["T"].max()
     last = df[df["T"] == T].set_index("implementation")
     for name in ("tiled (ours)", "fast tiled (ours)"):
         for suffix in ("", ", causal"):
-            median, fastest = (
-                last.loc[SDPA + suffix, col] / last.loc[name + suffix, col]
-                for col in ("median_ms", "min_ms")
+            sdpa, ours = last.loc[SDPA + suffix], last.loc[name + suffix]
+            median = sdpa["median_ms"] / ours["median_ms"]
+            low = sdpa["median_ms_lo"] / ours["median_ms_hi"]
+            high = sdpa["median_ms_hi"] / ours["median_ms_lo"]
+            verdict = (
+                "no interval"
+                if np.isnan(low) or np.isnan(high)
+                else measure.verdict(low, high)
             )
             print(
                 f"T = {T}: {name + suffix} / SDPA throughput {median:.2f} "
-                f"by median times, {fastest:.2f} by fastest calls"
+                f"by median times, bounds [{low:.2f}, {high:.2f}]: {verdict}"
             )
     if with_memory:
         memory = (
             last.loc["fast tiled (ours)", "peak_extra_mib"]
             / last.loc[NAIVE, "peak_extra_mib"]
         )
-        print(f"T = {T}: fast tiled / naive peak extra memory {memory:.4f}")
+        print(
+            f"T = {T}: fast tiled / naive peak extra memory {memory:.4f} "
+            f"(single readings, not a comparison)"
+        )

@@ -48,7 +48,7 @@ class Config:
 
     new_tokens: tuple[int, ...] = (512, 2048)
     # (new tokens, runs) without a cache: 2,048 is too slow
-    # (1,024 runs once, about 36 s: no interval; seven would add 3.6 minutes)
+    # (1,024 runs once, about 41 s: no interval; seven would add 4 minutes)
     uncached: tuple[tuple[int, int], ...] = ((512, 7), (1024, 1))
     repeats: int = 7
     batches: tuple[int, ...] = (1, 4, 16, 64)
@@ -135,7 +135,7 @@ def batch_rows(model, val_data, cfg, machine):
         ]
         calls[B] = partial(gpt.greedy_batch, decoder, prompts, cfg.batch_new)
     with torch.inference_mode():
-        timing = measure.interleave(calls, cfg.repeats, warmup=0)
+        timing = measure.interleave(calls, cfg.repeats, warmup=1)
     rows = []
     for B in cfg.batches:
         one = measure.Timing(
@@ -157,7 +157,7 @@ def main(cfg):
     prompt, rows = val_data[:PROMPT], []
     for n, runs in cfg.uncached:
         fn = partial(decode, model, prompt, n, None, False)
-        timing = measure.interleave({"no cache": fn}, runs, warmup=0)
+        timing = measure.interleave({"no cache": fn}, runs, warmup=1)
         rows += rows_of(timing, 1, n, machine)
     names = list(CONFIGS)
     reference = dict(zip(names[1:], names[:-1]))  # each lever: the row before
@@ -166,7 +166,7 @@ def main(cfg):
             config: partial(decode, model, prompt, n, how, inference)
             for config, (how, inference) in CONFIGS.items()
         }
-        timing = measure.interleave(calls, cfg.repeats, warmup=0)
+        timing = measure.interleave(calls, cfg.repeats, warmup=1)
         rows += rows_of(timing, 1, n, machine, reference)
     rows += batch_rows(model, val_data, cfg, machine)
     measure_csv.write_csv(

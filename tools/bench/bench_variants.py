@@ -8,7 +8,8 @@ absorbed (the same weights, `absorbed=True`: the keys and values never
 rebuilt), the hybrid, the sparse model and CLA.
 
 One thread; tokens per CPU second (the machine may be shared); REPEATS
-rounds (tools/measure.py's `interleave`), each round decoding with every
+rounds (tools/measure.py's `interleave`) after one untimed warm-up call
+of each model, each round decoding with every
 model once, so that a drift of the machine hits them all alike; the median
 of the rounds with its 95 % interval (none below 6 rounds), each round's
 value, and each model's speed against MHA (MHA's CPU time / the model's,
@@ -81,7 +82,8 @@ def main(new_tokens, csv):
         name: partial(decode, model, prompt, new_tokens)
         for name, model in models.items()
     }
-    timing = measure.interleave(calls, REPEATS, warmup=0)
+    # one untimed call of each first: the first round is not a cold start
+    timing = measure.interleave(calls, REPEATS, warmup=1)
     machine = measure.machine(torch.get_num_threads())
     rows = []
     for name, cpu in timing.cpu.items():

@@ -24,6 +24,7 @@ import argparse
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 import unicodedata
@@ -305,13 +306,43 @@ def print_pdf(page, out, footer=FOOTER, background=True):
 
 
 def stamp_contents_page(out, numbers):
-    """Merge the numbers-only print onto the PDF's contents page (page 2)."""
-    from pypdf import PdfReader, PdfWriter
+    """Merge the numbers-only print onto the PDF's contents page (page 2).
 
-    writer = PdfWriter(clone_from=PdfReader(out))
-    writer.pages[1].merge_page(PdfReader(numbers).pages[1])
-    with open(out, "wb") as f:
-        writer.write(f)
+    With Debian's qpdf (`.ci/run` installs it) qpdf overlays it; else pypdf
+    does, which parses and rewrites each of the book's objects in Python
+    (139,297 in the 451-page PDF). Stamping that PDF on 2026-12-07 on the
+    2-core AMD EPYC at a load of 11 to 19 took 42 s of CPU (user and
+    system) with pypdf, 18 s with qpdf, each measured once. Either way the
+    numbers page is drawn over page 2; the other pages, the outline and the
+    tags are kept."""
+    qpdf = shutil.which("qpdf")
+    if qpdf is None:
+        from pypdf import PdfReader, PdfWriter
+
+        writer = PdfWriter(clone_from=PdfReader(out))
+        writer.pages[1].merge_page(PdfReader(numbers).pages[1])
+        with open(out, "wb") as f:
+            writer.write(f)
+        return
+    stamped = out.with_suffix(".stamped.pdf")
+    result = subprocess.run(
+        [
+            qpdf,
+            str(out),
+            "--overlay",
+            str(numbers),
+            "--from=2",
+            "--to=2",
+            "--",
+            str(stamped),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    # exit status 3: written, with warnings (qpdf repairs what it reads)
+    if result.returncode not in (0, 3):
+        raise SystemExit(f"build_pdf: qpdf failed: {result.stderr[-2000:]}")
+    stamped.replace(out)
 
 
 def shown(path):
