@@ -188,7 +188,8 @@ outputs: $(STAMP)
 #   2026-12-07 at a load of 1.0 to 1.8, measured once).
 # - ch17: chapter 17's ring attention across processes: each rank's CPU time
 #   per split, the overlap of sending and computing, and peak memory per
-#   rank for T = 4096 ... 65536 (tools/bench/bench_ring.py).
+#   rank for T = 4096 ... 65536 (tools/bench/bench_ring.py; 124 s wall on
+#   2026-12-08, measured once).
 PART ?=
 RUN ?=
 BENCH_PARTS := ch07 ch08 ch10 ch11 ch12 ch13 ch16 ch17

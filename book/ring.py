@@ -16,7 +16,8 @@ time:
 - `ulysses_forward`: an all-to-all from slices of the sequence to groups
   of heads, attention per head group, and back (Jacobs et al. 2023);
 - `Comm`: the calls between ranks, each counting the bytes it moves;
-- `RankPool`: P processes in one gloo group on the loopback interface,
+- `RankPool`: P processes in one gloo group on the loopback interface
+  (its rendezvous a file, gloo's sockets on lo),
   started once and reused, that always exit (a short timeout on the
   group); `ring_attention`, `ring_gradients` and `ulysses_attention` split
   the inputs, run the ranks in the pool and gather what they return.
@@ -32,7 +33,9 @@ import numbers
 import os
 import queue
 import resource
+import shutil
 import socket
+import tempfile
 import time
 import traceback
 
@@ -56,8 +59,10 @@ def merge(C_1, lse_1, C_2, lse_2):
     part's output C_u (..., T_q, d_v) and log-sum-exp lse_u (..., T_q)."""
     check_parts(C_1, lse_1, C_2, lse_2)
     lse = torch.logaddexp(lse_1, lse_2)  # log(exp(lse_1) + exp(lse_2))
-    w_1 = torch.exp(lse_1 - lse)[..., None]  # the share of J_1's keys
-    w_2 = torch.exp(lse_2 - lse)[..., None]
+    seen = lse > -math.inf  # a query neither part has a key for: weight 0
+    zero = torch.zeros((), dtype=lse.dtype)
+    w_1 = torch.where(seen, torch.exp(lse_1 - lse), zero)[..., None]
+    w_2 = torch.where(seen, torch.exp(lse_2 - lse), zero)[..., None]
     return w_1 * C_1 + w_2 * C_2, lse
 
 
@@ -82,8 +87,13 @@ def check_parts(C_1, lse_1, C_2, lse_2):
     if len({t.dtype for t in parts.values()}) > 1:
         raise ValueError("C_1, lse_1, C_2 and lse_2 must have one dtype")
 
-
-# --- which tokens each rank holds --------------------------------------------
+    # --- which tokens each rank holds --------------------------------------------
+    for name in ("lse_1", "lse_2"):
+        if parts[name].isnan().any() or (parts[name] == math.inf).any():
+            raise ValueError(f"{name} holds NaN or +inf: not a log-sum-exp")
+    for name in ("C_1", "C_2"):
+        if not parts[name].isfinite().all():
+            raise ValueError(f"{name} holds NaN or an infinity")
 
 
 def chunk_bounds(T, n):
@@ -295,14 +305,16 @@ def ring_forward(Q, K, V, T, split, causal, overlap=True, group=None):
     lse = Q.new_full(Q.shape[:-1], -math.inf)  # no key yet
     counted = {"blocks": 0, "scores": 0, "compute": 0.0}
     for step in range(P):
-        b = (rank - step) % P  # whose keys and values this rank holds
+        owner = (rank - step) % P  # whose keys and values this rank holds
         requests, last = [], step == P - 1
-        if not last:  # the block after this one: rank b - 1's
-            nxt = KV.new_empty(*KV.shape[:-2], rows[(b - 1) % P], KV.shape[-1])
+        if not last:  # the block after this one: rank owner - 1's
+            nxt = KV.new_empty(
+                *KV.shape[:-2], rows[(owner - 1) % P], KV.shape[-1]
+            )
             if overlap:
                 requests = comm.ring_exchange(KV, nxt)
         start = time.thread_time()
-        plan = block_plan(pieces[rank], pieces[b], causal)
+        plan = block_plan(pieces[rank], pieces[owner], causal)
         for r0, r1, c0, c1, masked, offset, seen in plan:
             K_b, V_b = KV[..., c0:c1, :d_k], KV[..., c0:c1, d_k:]
             C_b, lse_b = fast_attention(
@@ -345,10 +357,10 @@ def ring_backward(
     dQ = torch.zeros_like(Q)
     counted = {"blocks": 0, "scores": 0, "compute": 0.0}
     for step in range(P):
-        b = (rank - step) % P
+        owner = (rank - step) % P  # whose keys and values this rank holds
         requests = []
         if step < P - 1:
-            shape = (*KV.shape[:-2], rows[(b - 1) % P], KV.shape[-1])
+            shape = (*KV.shape[:-2], rows[(owner - 1) % P], KV.shape[-1])
             nxt, d_nxt = KV.new_empty(shape), KV.new_empty(shape)
             if overlap:
                 requests = comm.ring_exchange(KV, nxt)
@@ -356,7 +368,7 @@ def ring_backward(
             shape = (*KV.shape[:-2], rows[rank], KV.shape[-1])
             d_nxt = KV.new_empty(shape)
         start = time.thread_time()
-        plan = block_plan(pieces[rank], pieces[b], causal)
+        plan = block_plan(pieces[rank], pieces[owner], causal)
         for r0, r1, c0, c1, masked, offset, seen in plan:
             dQ_b, dK_b, dV_b = flash_backward(
                 Q[..., r0:r1, :], KV[..., c0:c1, :d_k], KV[..., c0:c1, d_k:],
@@ -388,6 +400,7 @@ def ring_bytes(T, P, split, batch, d_k, d_v, itemsize=8, backward=False):
     """The bytes each rank sends in ring_forward (or ring_backward): the
     keys and values of every block but the one it receives last, (P - 1)
     blocks; the backward pass adds the gradient of every block, P blocks."""
+    check_sizes(batch, d_k=d_k, d_v=d_v, itemsize=itemsize)
     rows = [len(p) for p in split_positions(T, P, split)]
     per_token = math.prod(batch) * (d_k + d_v) * itemsize
     sent = []
@@ -456,10 +469,26 @@ def ulysses_forward(Q, K, V, T, causal, group=None):
     return C, counted
 
 
+def check_sizes(batch, **sizes):
+    """ValueError unless batch is a tuple of integers >= 1 and each size
+    (d_k, d_v, itemsize, H) an integer >= 1."""
+    if not isinstance(batch, tuple) or not all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
+        for n in batch
+    ):
+        raise ValueError(
+            f"batch must be a tuple of integers >= 1, got {batch!r}"
+        )
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
+
+
 def ulysses_bytes(T, P, batch, H, d_k, d_v, itemsize=8):
     """The bytes each rank sends in ulysses_forward: Q, K and V of its
     tokens for the other ranks' heads, then the other ranks' tokens of its
     heads' output."""
+    check_sizes(batch, H=H, d_k=d_k, d_v=d_v, itemsize=itemsize)
     rows = [len(p) for p in split_positions(T, P, "contiguous")]
     if H % P:
         raise ValueError(f"Ulysses needs H divisible by P: H = {H}, P = {P}")
@@ -472,11 +501,40 @@ def ulysses_bytes(T, P, batch, H, d_k, d_v, itemsize=8):
 # --- the processes -----------------------------------------------------------
 
 
-def free_port():
-    """A TCP port on the loopback interface that no one listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def socket_addresses(group=None):
+    """The local IP addresses of this process's TCP sockets, sorted: its
+    file descriptors matched against Linux's /proc/net/tcp and tcp6 (an
+    empty list where /proc has neither)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] in inodes:
+                found.add(address(fields[1].split(":")[0]))
+    return sorted(found)
+
+
+def address(hexed):
+    """An IP address as /proc/net/tcp writes it (host byte order, 32-bit
+    words) as text: '0100007F' -> '127.0.0.1'."""
+    raw = b"".join(
+        bytes.fromhex(hexed[i : i + 8])[::-1] for i in range(0, len(hexed), 8)
+    )
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, raw)
 
 
 def loopback():
@@ -512,7 +570,7 @@ def unpack(obj):
     return obj
 
 
-def serve(rank, P, port, timeout, threads, tasks, results, quiet=True):
+def serve(rank, P, store, timeout, threads, tasks, results, quiet=True):
     """One rank: join the group, make the groups of the first 1 .. P - 1
     ranks, then run each (function, n, args) sent until None arrives or
     the parent is gone; always leave the group. quiet: the rank's own
@@ -527,7 +585,7 @@ def serve(rank, P, port, timeout, threads, tasks, results, quiet=True):
     try:
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=f"file://{store}",  # a file: no socket listens
             rank=rank,
             world_size=P,
             timeout=datetime.timedelta(seconds=timeout),
@@ -567,8 +625,9 @@ class RankError(RuntimeError):
 
 
 class RankPool:
-    """P processes in one gloo group on this machine (127.0.0.1, a free
-    port), started once and reused: `run(fn, args)` runs fn(*args[r],
+    """P processes in one gloo group on this machine (gloo's sockets on the
+    loopback interface, the rendezvous a file in a temporary folder),
+    started once and reused: `run(fn, args)` runs fn(*args[r],
     group=...) on ranks r = 0 .. len(args) - 1 and returns their results.
 
     Every call between ranks gives up after `timeout` seconds. When every
@@ -589,7 +648,8 @@ class RankPool:
         if start_method == "forkserver":  # torch imported once, then forks
             ctx.set_forkserver_preload(["torch", "ring"])  # ring if found
         self.P, self.timeout, self.closed = P, timeout, False
-        port = free_port()
+        self.folder = tempfile.mkdtemp(prefix="ring-")  # the group's store
+        store = os.path.join(self.folder, "store")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(P)]
         self.processes = [
@@ -598,7 +658,7 @@ class RankPool:
                 args=(
                     r,
                     P,
-                    port,
+                    store,
                     timeout,
                     threads,
                     self.tasks[r],
@@ -687,6 +747,7 @@ class RankPool:
         for q in (*self.tasks, self.results):
             q.cancel_join_thread()
             q.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -783,6 +844,7 @@ def ring_gradients(
     forward's C and lse and the output's gradient dC, and what each rank
     counted."""
     T = check_call(pool, Q, K, V, P)
+    check_backward_inputs(Q, V, C, lse, dC)
     check_split(T, P, split)
     positions = split_positions(T, P, split)
     args = [
@@ -793,6 +855,28 @@ def ring_gradients(
     results = pool.run(ring_backward, args)
     grads = [gather([r[u] for r in results], positions, T) for u in range(3)]
     return (*grads, [r[3] for r in results])
+
+
+def check_backward_inputs(Q, V, C, lse, dC):
+    """ValueError unless C and dC have the output's shape (..., T, d_v), lse
+    the shape (..., T), all of Q's dtype."""
+    out = (*Q.shape[:-1], V.shape[-1])
+    for name, t, shape in (
+        ("C", C, out),
+        ("dC", dC, out),
+        ("lse", lse, Q.shape[:-1]),
+    ):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+            got = (
+                tuple(t.shape)
+                if isinstance(t, torch.Tensor)
+                else type(t).__name__
+            )
+            raise ValueError(
+                f"{name} must have shape {tuple(shape)}, got {got}"
+            )
+        if t.dtype != Q.dtype:
+            raise ValueError(f"{name} is {t.dtype}, Q is {Q.dtype}")
 
 
 def ulysses_attention(pool, Q, K, V, P, causal=False):

@@ -390,18 +390,72 @@ def test_pack_and_unpack_carry_tensors_through_a_queue():
     assert torch.equal(back[2]["a"], X[0])
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="Linux names it lo")
-def test_the_ranks_talk_over_the_loopback_interface():
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux's /proc and lo")
+def test_the_ranks_talk_over_the_loopback_interface_only(pool):
+    """Every TCP socket of every rank (gloo's connections) is bound to a
+    loopback address; the rendezvous is a file, so no socket listens on
+    another interface (fresh review of chapter 17, round 1)."""
     assert ring.loopback() == "lo"
-    port = ring.free_port()
-    assert 1024 <= port < 65536
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # free: nobody listens there
+    addresses = pool.run(ring.socket_addresses, [()] * 4)
+    assert all(addresses), addresses  # gloo's connections are there
+    assert {a for rank in addresses for a in rank} <= {"127.0.0.1", "::1"}
+    with socket.socket() as s:  # the parent's own, as a reference
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert "127.0.0.1" in ring.socket_addresses()
+
+
+def test_proc_addresses_are_read_in_host_order():
+    assert ring.address("0100007F") == "127.0.0.1"
+    assert ring.address("0202000A") == "10.0.2.2"
+    assert ring.address("00000000000000000000000001000000") == "::1"
+
+
+def test_merge_of_two_parts_without_keys_is_zero_not_nan():
+    C = torch.zeros(2, 3, 4, dtype=torch.float64)
+    lse = torch.full((2, 3), -math.inf, dtype=torch.float64)
+    out, out_lse = ring.merge(C, lse, C, lse)
+    assert torch.equal(out, C) and torch.equal(out_lse, lse)
+    bad = lse.clone()
+    bad[0, 1] = math.nan
+    with pytest.raises(ValueError, match="lse_1 holds NaN"):
+        ring.merge(C, bad, C, lse)
+
+
+def test_ring_gradients_name_inputs_of_the_wrong_shape(pool):
+    Q, K, V = torch.randn(3, 1, 2, 8, 4, dtype=torch.float64)
+    C, lse, dC = Q.clone(), Q[..., 0].clone(), Q.clone()
+    for args, match in (
+        ((C, lse[..., :5], dC), "lse must have shape"),
+        ((C, lse, dC[..., :5, :]), "dC must have shape"),
+        ((C[..., :3], lse, dC), "C must have shape"),
+        ((C.float(), lse, dC), "C is torch.float32"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ring.ring_gradients(pool, Q, K, V, *args, 4)
 
 
 def test_peak_memory_is_read_in_bytes(pool):
     peaks = pool.run(ring.peak_rss, [()] * 4)
     assert all(p > 50e6 and p % 1024 == 0 for p in peaks)  # torch is loaded
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: ring.ring_bytes(8, 2, "contiguous", (1,), -4, 2), "d_k"),
+        (
+            lambda: ring.ring_bytes(8, 2, "contiguous", (1,), 4, 2, 0),
+            "itemsize",
+        ),
+        (lambda: ring.ring_bytes(8, 2, "contiguous", [1], 4, 2), "batch"),
+        (lambda: ring.ulysses_bytes(8, 2, (1,), 0, 4, 4), "H"),
+        (lambda: ring.ulysses_bytes(8, 2, (1,), 2, 4, 0), "d_v"),
+    ],
+)
+def test_the_byte_formulas_refuse_sizes_below_one(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_the_byte_formulas_refuse_what_cannot_run():

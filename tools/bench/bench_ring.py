@@ -6,7 +6,9 @@ Three parts, all rows in book/data/bench_ring.csv (column `part`):
 - work: causal ring attention of T tokens on P = 4 ranks, with each split;
   each rank's CPU time for its blocks (`time.thread_time` around them, in
   the rank) over `rounds` interleaved rounds: its median with the 95 %
-  order-statistic interval, beside the scores it computes (counted).
+  order-statistic interval, and its paired ratio to the mean of the four
+  ranks of the same round (`to_mean_median`, `_lo`, `_hi`), beside the
+  scores it computes (counted).
 - overlap: P = 2, causal, zigzag: the parent's wall time of one ring
   forward with the next block sent while the current one is computed and
   without (sent after it), `rounds` interleaved pairs: the paired ratio
@@ -72,10 +74,16 @@ def work(cfg, pool, machine):
     rows = []
     for split in ring.SPLITS:
         scores, blocks = ring.score_counts(cfg.T, 4, split)
+        times = [seconds[split][rank][-cfg.rounds :] for rank in range(4)]
+        means = [sum(round_) / 4 for round_ in zip(*times)]  # each round's
         for rank in range(4):
-            columns = measure.median_columns(
-                "compute_s", seconds[split][rank][-cfg.rounds :]
-            )
+            columns = measure.median_columns("compute_s", times[rank])
+            to_mean = measure.ratio_columns(times[rank], means)  # paired
+            columns |= {
+                f"to_mean_{k.removeprefix('ratio_')}": v
+                for k, v in to_mean.items()
+                if k.startswith("ratio_")
+            }
             rows.append(
                 measure.row(
                     columns,
