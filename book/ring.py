@@ -73,7 +73,9 @@ def check_parts(C_1, lse_1, C_2, lse_2):
     for name, t in parts.items():
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor")
-    if C_1.dim() < 1 or C_1.shape != C_2.shape:
+    if C_1.dim() < 1 or C_2.dim() < 1:
+        raise ValueError("C_1 and C_2 need an axis of values: (..., d_v)")
+    if C_1.shape != C_2.shape:
         raise ValueError(
             f"the outputs' shapes differ: C_1 {tuple(C_1.shape)}, "
             f"C_2 {tuple(C_2.shape)}"
@@ -86,14 +88,15 @@ def check_parts(C_1, lse_1, C_2, lse_2):
             )
     if len({t.dtype for t in parts.values()}) > 1:
         raise ValueError("C_1, lse_1, C_2 and lse_2 must have one dtype")
-
-    # --- which tokens each rank holds --------------------------------------------
     for name in ("lse_1", "lse_2"):
         if parts[name].isnan().any() or (parts[name] == math.inf).any():
             raise ValueError(f"{name} holds NaN or +inf: not a log-sum-exp")
     for name in ("C_1", "C_2"):
         if not parts[name].isfinite().all():
             raise ValueError(f"{name} holds NaN or an infinity")
+
+
+# --- which tokens each rank holds ---------------------------------------------
 
 
 def chunk_bounds(T, n):
@@ -131,6 +134,10 @@ def rank_pieces(T, P, split, rank):
     contiguous, chunk rank of P; striped, tokens rank, rank + P, ...;
     zigzag, chunks rank and 2P - 1 - rank of 2P (the head and the tail)."""
     check_split(T, P, split)
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+        raise ValueError(f"rank must be an integer, got {rank!r}")
+    if not 0 <= rank < P:
+        raise ValueError(f"rank {rank} of P = {P}: ranks are 0 to {P - 1}")
     if split == "striped":
         return [(rank, T, P)]
     if split == "contiguous":
@@ -573,7 +580,8 @@ def unpack(obj):
 def serve(rank, P, store, timeout, threads, tasks, results, quiet=True):
     """One rank: join the group, make the groups of the first 1 .. P - 1
     ranks, then run each (function, n, args) sent until None arrives or
-    the parent is gone; always leave the group. quiet: the rank's own
+    the parent is gone; leave the group unless killed (close() kills a rank
+    stuck in a call). quiet: the rank's own
     output (gloo's messages) goes to /dev/null, not to the parent's."""
     if quiet:  # in a notebook they would land in whichever cell runs
         null = os.open(os.devnull, os.O_WRONLY)
@@ -585,7 +593,7 @@ def serve(rank, P, store, timeout, threads, tasks, results, quiet=True):
     try:
         dist.init_process_group(
             "gloo",
-            init_method=f"file://{store}",  # a file: no socket listens
+            init_method=f"file://{store}",  # the rendezvous: a file
             rank=rank,
             world_size=P,
             timeout=datetime.timedelta(seconds=timeout),
@@ -803,6 +811,9 @@ def check_call(pool, Q, K, V, P, heads=False):
             f"Q, K, V must be (..., {'H, ' * heads}T, d) for the same tokens, "
             f"got {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}"
         )
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not t.is_floating_point() or not t.isfinite().all():
+            raise ValueError(f"{name} must be floating point and finite")
     check_split(Q.shape[-2], P, "contiguous")  # P <= T
     return Q.shape[-2]
 
@@ -877,6 +888,8 @@ def check_backward_inputs(Q, V, C, lse, dC):
             )
         if t.dtype != Q.dtype:
             raise ValueError(f"{name} is {t.dtype}, Q is {Q.dtype}")
+        if not t.isfinite().all():  # dC, C or lse of a rank
+            raise ValueError(f"{name} holds NaN or an infinity")
 
 
 def ulysses_attention(pool, Q, K, V, P, causal=False):

@@ -422,6 +422,41 @@ def test_merge_of_two_parts_without_keys_is_zero_not_nan():
         ring.merge(C, bad, C, lse)
 
 
+def test_non_finite_inputs_are_named_before_any_rank_runs(pool):
+    """A NaN on one rank's slice made that rank alone fail in fast_attention:
+    a RankError and a closed pool (fresh review, round 2); now a
+    ValueError in the parent, the pool still open."""
+    Q, K, V = torch.randn(3, 1, 2, 8, 4, dtype=torch.float64)
+    for name in "QKV":
+        bad = {"Q": Q, "K": K, "V": V}
+        bad[name] = bad[name].clone()
+        bad[name][0, 0, 1, 2] = math.nan
+        match = f"^{name} must be floating point and finite"
+        with pytest.raises(ValueError, match=match):
+            ring.ring_attention(pool, bad["Q"], bad["K"], bad["V"], 4)
+    C, lse, _ = ring.ring_attention(pool, Q, K, V, 4)
+    dC = torch.full_like(C, math.inf)
+    with pytest.raises(ValueError, match="dC holds NaN or an infinity"):
+        ring.ring_gradients(pool, Q, K, V, C, lse, dC, 4)
+    assert not pool.closed
+
+
+@pytest.mark.parametrize(
+    "rank, match",
+    [(5, "rank 5 of P = 2"), (-1, "rank -1 of P = 2"), (1.0, "integer")],
+)
+def test_rank_pieces_refuses_ranks_outside_the_group(rank, match):
+    for split in ring.SPLITS:
+        with pytest.raises(ValueError, match=match):
+            ring.rank_pieces(8, 2, split, rank)
+
+
+def test_merge_names_outputs_without_a_value_axis():
+    scalar = torch.zeros((), dtype=torch.float64)
+    with pytest.raises(ValueError, match="need an axis of values"):
+        ring.merge(scalar, scalar, scalar, scalar)
+
+
 def test_ring_gradients_name_inputs_of_the_wrong_shape(pool):
     Q, K, V = torch.randn(3, 1, 2, 8, 4, dtype=torch.float64)
     C, lse, dC = Q.clone(), Q[..., 0].clone(), Q.clone()
