@@ -184,8 +184,9 @@ def block_plan(q_pieces, k_pieces, causal):
 
 
 def score_counts(T, P, split, causal=True):
-    """The scores each rank computes (those its mask keeps), and the key
-    blocks it computes any score of: two lists of P integers."""
+    """The scores each rank computes (those its mask keeps) for one
+    sequence and head, and the key blocks it computes any score of: two
+    lists of P integers."""
     pieces = [rank_pieces(T, P, split, rank) for rank in range(P)]
     scores, blocks = [], []
     for rank in range(P):
@@ -310,7 +311,7 @@ def ring_forward(Q, K, V, T, split, causal, overlap=True, group=None):
     KV = torch.cat([K, V], dim=-1)  # one message: (..., rows, d_k + d_v)
     C = Q.new_zeros(*Q.shape[:-1], V.shape[-1])
     lse = Q.new_full(Q.shape[:-1], -math.inf)  # no key yet
-    counted = {"blocks": 0, "scores": 0, "compute": 0.0}
+    counted = {"blocks": 0, "scores": 0, "compute": 0.0}  # scores per head
     for step in range(P):
         owner = (rank - step) % P  # whose keys and values this rank holds
         requests, last = [], step == P - 1
@@ -364,7 +365,7 @@ def ring_backward(
     dQ = torch.zeros_like(Q)
     counted = {"blocks": 0, "scores": 0, "compute": 0.0}
     for step in range(P):
-        owner = (rank - step) % P  # whose keys and values this rank holds
+        owner = (rank - step) % P  # the block (and its gradient) held now
         requests = []
         if step < P - 1:
             shape = (*KV.shape[:-2], rows[(owner - 1) % P], KV.shape[-1])
