@@ -229,8 +229,8 @@ def attend(Q, K, V, mask_mod=None, score_mod=None, block=BLOCK):
         return eager(Q, K, V, score_mod, mask)
     except IndexError as error:  # e.g. alibi(H) with more heads than H
         raise ValueError(
-            f"score_mod indexes a tensor it captured out of range for Q "
-            f"{tuple(Q.shape)}: {error}"
+            f"the mask_mod or score_mod indexes a tensor it captured out of "
+            f"range for Q {tuple(Q.shape)} (its heads, perhaps): {error}"
         ) from error
 
 

@@ -895,7 +895,7 @@ def check_backward_inputs(Q, V, C, lse, dC):
 
 def ulysses_attention(pool, Q, K, V, P, causal=False):
     """Attention of Q, K, V (..., H, T, d) computed by P ranks with
-    Ulysses' two all-to-alls: (C, what each rank counted)."""
+    Ulysses' all-to-alls (one each for Q, K, V and C): (C, counts)."""
     T = check_call(pool, Q, K, V, P, heads=True)
     if Q.shape[-3] % P:
         raise ValueError(

@@ -492,8 +492,11 @@ def test_a_score_mod_for_fewer_heads_is_named():
     """alibi(2) reads its slopes by head: with 4 heads FlexAttention raised
     IndexError; attend names the score_mod (fresh review, round 4)."""
     Q, K, V = qkv(B=1, H=4, T=8)
-    with pytest.raises(ValueError, match="score_mod indexes a tensor"):
+    with pytest.raises(ValueError, match="mask_mod or score_mod indexes"):
         flex.attend(Q, K, V, flex.causal, flex.alibi(2))
+    table = torch.ones(2, dtype=torch.bool)  # a mask_mod for 2 heads of 4
+    with pytest.raises(ValueError, match="mask_mod or score_mod indexes"):
+        flex.attend(Q, K, V, lambda b, h, q, kv: table[h] & (kv <= q))
 
 
 def test_attend_names_masks_that_do_not_fit():
